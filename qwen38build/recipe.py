@@ -1,0 +1,256 @@
+"""recipe.toml → a validated, frozen :class:`Recipe`.
+
+Every problem of the file is collected (schema errors from pydantic, then the checks that
+need the file system: series entries against the group folders), then raised once as a
+:class:`RecipeError` naming the file and each TOML key path.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from packaging.version import InvalidVersion, Version
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+
+from qwen38build.errors import RecipeError
+
+RECIPE_FILE = "recipe.toml"
+_ARCH_RE = re.compile(r"^(?:sm_?|compute_)?(\d)\.?(\d)([af]?)$")
+_KNOWN_MAJORS = {5, 6, 7, 8, 9, 10, 11, 12}
+
+
+def normalise_arch(value: object) -> str:
+    """Turn ``sm_86``, ``86``, ``8.6`` (and ``sm_90a``) into the canonical ``8.6`` / ``9.0a``."""
+    text = str(value).strip().lower()
+    m = _ARCH_RE.match(text)
+    if not m or int(m.group(1)) not in _KNOWN_MAJORS:
+        raise ValueError(
+            f"{value!r} is not a CUDA arch; write it as major.minor, e.g. '8.6' or '9.0'"
+        )
+    return f"{m.group(1)}.{m.group(2)}{m.group(3)}"
+
+
+def _check_version(value: str) -> str:
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise ValueError(f"{value!r} is not a PEP 440 version") from None
+    return value
+
+
+def _check_hex(value: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{7,40}", value):
+        raise ValueError(f"{value!r} is not a git commit (7 to 40 lowercase hex digits)")
+    return value
+
+
+PepVersion = Annotated[str, AfterValidator(_check_version)]
+Arch = Annotated[str, BeforeValidator(normalise_arch)]
+Commit = Annotated[str, AfterValidator(_check_hex)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VllmPin(_Model):
+    """The pinned vLLM wheel: name==version and the tags that pick one file."""
+
+    name: str = "vllm"
+    version: PepVersion
+    python_tag: str = "cp38"
+    abi_tag: str = "abi3"
+    platform_tag: str = "manylinux_2_28_x86_64"
+
+    @property
+    def wheel_filename(self) -> str:
+        return (
+            f"{self.name}-{self.version}-{self.python_tag}-{self.abi_tag}-"
+            f"{self.platform_tag}.whl"
+        )
+
+
+class Group(_Model):
+    """One folder of patches, applied in the order listed."""
+
+    dir: str
+    patches: list[str] = Field(default_factory=list)
+
+    @field_validator("patches")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if "/" in name or not name.endswith(".patch"):
+                raise ValueError(f"{name!r} must be a bare file name ending in .patch")
+        return value
+
+
+class Series(_Model):
+    """The apply order: the groups in order, each entry in order; and retired topics."""
+
+    groups: list[Group]
+    retired: list[str] = Field(default_factory=list)
+
+
+class Fa2(_Model):
+    """The fp8-KV FlashAttention-2 diff against the commit vLLM pins."""
+
+    repository: str
+    # None until someone reads the commit vLLM's build pins; plan then says so plainly.
+    commit: Commit | None = None
+    diff: str
+
+
+class Pthfa(_Model):
+    """Our vendored int8 per-token-head attention extension."""
+
+    tag: str
+    path: str = "pthfa"
+    commit: Commit | None = None
+
+
+class Cuda(_Model):
+    archs: list[Arch] = Field(min_length=1)
+
+
+class Toolchain(_Model):
+    python: PepVersion
+    torch: PepVersion
+    cuda: PepVersion
+
+
+class Recipe(_Model):
+    """The validated content of recipe.toml."""
+
+    vllm: VllmPin
+    series: Series
+    fa2: Fa2
+    pthfa: Pthfa
+    cuda: Cuda
+    toolchain: Toolchain
+
+
+@dataclass(frozen=True)
+class SeriesEntry:
+    """One patch of the series, with the name its ledger row carries."""
+
+    group: str
+    file: str
+    path: Path  # absolute
+
+    @property
+    def topic(self) -> str:
+        return self.file[: -len(".patch")]
+
+    @property
+    def row_name(self) -> str:
+        """``topic`` for the first group, ``<group>/<topic>`` for later ones (as the ledger)."""
+        return self.topic if self.group == "patches" else f"{self.group}/{self.topic}"
+
+
+@dataclass(frozen=True)
+class LoadedRecipe:
+    """A recipe together with where it was read from."""
+
+    recipe: Recipe
+    path: Path
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
+
+    def series_entries(self) -> list[SeriesEntry]:
+        return [
+            SeriesEntry(g.dir, name, (self.root / g.dir / name).resolve())
+            for g in self.recipe.series.groups
+            for name in g.patches
+        ]
+
+
+def load(path: Path) -> LoadedRecipe:
+    """Read and validate ``path``; raise RecipeError listing every problem found."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise RecipeError(
+            str(path), [f"cannot read the file: {exc.strerror}"],
+            hint="run from the project root, or pass --recipe PATH",
+        ) from exc
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise RecipeError(str(path), [f"not valid TOML: {exc}"]) from exc
+    return validate(data, path)
+
+
+def validate(data: dict[str, Any], path: Path) -> LoadedRecipe:
+    """Validate parsed TOML; the file-system checks use ``path``'s folder."""
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(str(path), [_describe(e) for e in exc.errors()]) from None
+    loaded = LoadedRecipe(recipe, path.resolve())
+    problems = _series_problems(loaded)
+    if problems:
+        raise RecipeError(str(path), problems)
+    return loaded
+
+
+def _describe(err: Any) -> str:
+    loc = ".".join(str(p) for p in err["loc"])
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return f"{loc}: unknown key; remove it or check its spelling"
+    if kind == "missing":
+        return f"{loc}: required key is missing"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return f"{loc}: {msg}"
+
+
+def _series_problems(loaded: LoadedRecipe) -> list[str]:
+    recipe, root = loaded.recipe, loaded.root
+    problems: list[str] = []
+    seen_groups: set[str] = set()
+    seen_topics: dict[str, str] = {}
+    retired = set(recipe.series.retired)
+    for gi, group in enumerate(recipe.series.groups):
+        where = f"series.groups.{gi}"
+        if group.dir in seen_groups:
+            problems.append(f"{where}.dir: group {group.dir!r} is listed twice")
+        seen_groups.add(group.dir)
+        folder = root / group.dir
+        if not folder.is_dir():
+            problems.append(f"{where}.dir: folder {group.dir}/ does not exist")
+            continue
+        on_disk = {p.name for p in folder.glob("*.patch")}
+        for pi, name in enumerate(group.patches):
+            loc = f"{where}.patches.{pi}"
+            topic = name[: -len(".patch")]
+            if topic in seen_topics:
+                problems.append(f"{loc}: {name} is listed twice (also {seen_topics[topic]})")
+            seen_topics[topic] = loc
+            if topic in retired:
+                problems.append(
+                    f"{loc}: {name} is a retired topic (series.retired); "
+                    "remove the entry and the file"
+                )
+            if name not in on_disk:
+                problems.append(f"{loc}: {group.dir}/{name} does not exist")
+        for name in sorted(on_disk - set(group.patches)):
+            problems.append(
+                f"{where}.patches: {group.dir}/{name} is in the folder but not in the series; "
+                "list it or delete it"
+            )
+    return problems
