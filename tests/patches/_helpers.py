@@ -69,7 +69,7 @@ def extract_source(path: Path, qualname: str) -> str:
             None,
         )
         if node is None:
-            raise LookupError(f"{qualname} not found in {path}")
+            raise AssertionError(f"{qualname} not found in {path}")
         body = getattr(node, "body", [])
     assert node is not None
     seg = ast.get_source_segment(path.read_text(), node)
@@ -92,6 +92,64 @@ def assert_pristine_lacks(check: Callable[[], object]) -> None:
     """The behaviour check must fail on the pristine tree (the patch is what adds it)."""
     try:
         check()
-    except (AssertionError, LookupError, AttributeError, KeyError, TypeError, ValueError):
+    except AssertionError:
         return
     pytest.fail("the pristine vLLM 0.32.0 file already shows the behaviour this patch adds")
+
+
+class Placeholder:
+    """Stands in for any vLLM class or function a module imports but the test never uses."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __class_getitem__(cls, item: Any) -> type[Placeholder]:
+        return cls
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return Placeholder()
+
+
+class AutoStub(types.ModuleType):
+    """A stub module: any attribute is a fresh placeholder class."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = type(name, (Placeholder,), {})
+        setattr(self, name, value)
+        return value
+
+
+def _imported_modules(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def load_with_auto_stubs(path: Path, overrides: dict[str, types.ModuleType] | None = None,
+                         prefixes: tuple[str, ...] = ("vllm",)) -> types.ModuleType:
+    """Import ``path`` with every module it imports under ``prefixes`` replaced by an
+    AutoStub (``overrides`` wins; vllm.logger gives real stdlib loggers)."""
+    import logging
+
+    stubs: dict[str, types.ModuleType] = {
+        "vllm.logger": make_module("vllm.logger", init_logger=logging.getLogger),
+    }
+    for name in sorted(_imported_modules(path)):
+        if name.split(".")[0] in prefixes and name not in stubs:
+            stubs[name] = AutoStub(name)
+    stubs.update(overrides or {})
+    # Let `from pkg import sub` find submodule stubs as attributes of the parent stub.
+    for name, mod in stubs.items():
+        parent, _, child = name.rpartition(".")
+        if parent in stubs and child:
+            setattr(stubs[parent], child, mod)
+    return load_module(path, stubs)
