@@ -1,13 +1,21 @@
 """One model of a patch file, used by the build, the table, the lint and the bump report.
 
-A patch file is, in order: prose; a header block (``Kind:``, ``What:``, ``Upstream:``,
-``Cut-against:``, ``Retires-when:`` and any other ``Key:`` lines, a long value continuing on
-lines that start with spaces); the marker line ``--- exported from <sha> (<topic>); ...``;
-then a git diff whose paths are relative to the ``vllm/`` package.
+A patch file is, in order: prose; a blank line; a header block (``Kind:``, ``What:``,
+``Upstream:``, ``Cut-against:``, ``Retires-when:`` and any other ``Key:`` lines, a long value
+continuing on lines that start with spaces); the marker line
+``--- exported from <sha> (<topic>); ...``; then a git diff whose paths are relative to the
+``vllm/`` package.
 
-Parsing never fails on content it does not understand in the prose; it fails, naming the
-file and line, only where the build could do the wrong thing (a path leaving the package, a
-hunk header it cannot read).
+Parsing never fails on content it does not understand in the prose. Every structural problem
+(a path leaving the package, a hunk header it cannot read or whose counts are wrong, a header
+given twice) is collected as a :class:`Problem` with its line; ``parse`` then raises them all
+at once as one :class:`PatchFileError`, because the build could do the wrong thing with such
+a file. ``parse(..., strict=False)`` keeps them on the model instead, so that the lint can
+report each one as a finding beside its other rules.
+
+:meth:`PatchFile.format` writes the model back. For a file in the canonical layout (the one
+``qwen38build export`` writes) ``PatchFile.parse(p).format()`` gives the file's text back;
+for any headers, format → parse → format is the identity.
 """
 
 from __future__ import annotations
@@ -19,10 +27,28 @@ from pathlib import Path, PurePosixPath
 from qwen38build.errors import PatchFileError
 
 REQUIRED_HEADERS = ("Kind", "What", "Upstream", "Cut-against", "Retires-when")
+KINDS = ("backport", "fix", "feature", "local", "own")
 MARKER_PREFIX = "--- exported from "
+MARKER_SUFFIX = "; regenerate with qwen38build export, do not edit ---"
 _MARKER_RE = re.compile(r"^--- exported from (?P<commit>\S+) \((?P<topic>[^)]*)\)")
 _HEADER_RE = re.compile(r"^(?P<key>[A-Z][A-Za-z0-9-]*):(?: (?P<value>.*))?$")
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+_REGENERATE = "regenerate the patch with qwen38build export; do not edit diffs by hand"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A structural problem found while parsing, at a 1-based line of the patch file.
+
+    ``rule`` names the lint rule it belongs to (``headers`` or ``diff-hygiene``); ``fatal``
+    problems make a strict parse raise, the others only the lint report.
+    """
+
+    line: int
+    rule: str
+    message: str
+    hint: str
+    fatal: bool = True
 
 
 @dataclass(frozen=True)
@@ -46,6 +72,14 @@ class Hunk:
         """The lines the hunk leaves in the target file (context and additions)."""
         return [ln[1:] for ln in self.lines if ln[:1] in (" ", "+")]
 
+    def added(self) -> list[tuple[int, str]]:
+        """Each added line (without its ``+``) with its 1-based line in the patch file."""
+        return [
+            (self.patch_line + 1 + k, ln[1:])
+            for k, ln in enumerate(self.lines)
+            if ln.startswith("+")
+        ]
+
 
 @dataclass(frozen=True)
 class FileDiff:
@@ -67,7 +101,11 @@ class FileDiff:
 
 @dataclass(frozen=True)
 class PatchFile:
-    """A parsed patch file. ``headers`` keeps every header, in file order."""
+    """A parsed patch file. ``headers`` keeps every header, in file order.
+
+    A header value keeps its continuation lines joined with ``"\\n"`` (without their
+    indentation); :func:`header_text` gives the one-line form the ledger shows.
+    """
 
     path: Path
     topic: str
@@ -80,39 +118,59 @@ class PatchFile:
     marker_topic: str | None
     diff: str
     files: tuple[FileDiff, ...] = field(default=())
+    problems: tuple[Problem, ...] = field(default=())
+    header_lines: dict[str, int] = field(default_factory=dict)  # key -> 1-based line
 
     @classmethod
-    def parse(cls, path: Path, text: str | None = None) -> PatchFile:
-        """Parse ``path`` (or ``text`` as if read from it)."""
+    def parse(cls, path: Path, text: str | None = None, *, strict: bool = True) -> PatchFile:
+        """Parse ``path`` (or ``text`` as if read from it).
+
+        The file is read as bytes and decoded, so a CRLF stays visible to the lint. With
+        ``strict`` (the default) every fatal problem is raised at once as PatchFileError.
+        """
         if text is None:
             try:
-                text = path.read_text(encoding="utf-8")
+                text = path.read_bytes().decode("utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 raise PatchFileError(f"{path}: cannot read the patch file: {exc}.") from exc
+        problems: list[Problem] = []
         lines = text.split("\n")
         marker_idx = next(
             (i for i, ln in enumerate(lines) if ln.startswith(MARKER_PREFIX)), None
         )
         diff_start = marker_idx + 1 if marker_idx is not None else _first_diff_line(lines)
-        preamble = lines[: marker_idx if marker_idx is not None else diff_start]
-        prose_lines, header_lines, header_offset = _split_preamble(preamble)
-        headers = parse_headers(header_lines, path=path, first_line=header_offset + 1)
-        marker = lines[marker_idx] if marker_idx is not None else None
+        preamble = [
+            ln.removesuffix("\r")
+            for ln in lines[: marker_idx if marker_idx is not None else diff_start]
+        ]
+        prose_lines, header_block, header_offset = _split_preamble(preamble)
+        headers, header_lines = _parse_header_block(
+            header_block, first_line=header_offset + 1, problems=problems
+        )
+        marker = lines[marker_idx].removesuffix("\r") if marker_idx is not None else None
         m = _MARKER_RE.match(marker) if marker else None
         diff_lines = lines[diff_start:]
-        return cls(
+        files = _parse_diff(diff_lines, first_line=diff_start + 1, problems=problems)
+        pf = cls(
             path=path,
             topic=topic_of(path),
             prose="\n".join(prose_lines).rstrip("\n"),
             headers=headers,
-            header_line=header_offset + 1 if header_lines else 0,
+            header_line=header_offset + 1 if header_block else 0,
             marker=marker,
             marker_line=marker_idx + 1 if marker_idx is not None else 0,
             marker_commit=m.group("commit") if m else None,
             marker_topic=m.group("topic") if m else None,
             diff="\n".join(diff_lines),
-            files=parse_diff(diff_lines, path=path, first_line=diff_start + 1),
+            files=files,
+            problems=tuple(problems),
+            header_lines=header_lines,
         )
+        fatal = [p for p in problems if p.fatal]
+        if strict and fatal:
+            text_ = "\n".join(f"{path}:{p.line}: {p.message}" for p in fatal)
+            raise PatchFileError(text_, hint=fatal[0].hint)
+        return pf
 
     @property
     def touched_paths(self) -> list[str]:
@@ -124,6 +182,22 @@ class PatchFile:
                     seen.setdefault(p, None)
         return list(seen)
 
+    def format(self) -> str:
+        """The file's text in the canonical layout: prose, blank line, headers, marker, diff.
+
+        The prose and its blank line are left out when there is no prose; the headers are
+        written by :func:`format_headers`; the diff is written as it was read.
+        """
+        parts: list[str] = []
+        if self.prose.strip():
+            parts.append(self.prose.rstrip("\n") + "\n\n")
+        if self.headers:
+            parts.append(format_headers(self.headers) + "\n")
+        if self.marker is not None:
+            parts.append(self.marker + "\n")
+        parts.append(self.diff)
+        return "".join(parts)
+
 
 def topic_of(path: Path) -> str:
     """The topic a patch file carries: its file name without ``.patch``."""
@@ -131,35 +205,85 @@ def topic_of(path: Path) -> str:
     return name[: -len(".patch")] if name.endswith(".patch") else name
 
 
+def marker_for(commit: str, topic: str) -> str:
+    """The marker line ``qwen38build export`` writes for ``commit`` and ``topic``."""
+    return f"{MARKER_PREFIX}{commit} ({topic}){MARKER_SUFFIX}"
+
+
+def header_text(value: str) -> str:
+    """A header value on one line: its continuation lines joined with one space."""
+    return " ".join(part for part in (p.strip(" ") for p in value.split("\n")) if part)
+
+
+def _value_lines(value: str) -> list[str]:
+    """A value as the lines ``format_headers`` writes: no padding, no empty continuation.
+
+    Anything that splits a line (``\\r``, a newline) becomes a line break, so that the text
+    read back is the text written.
+    """
+    first, *rest = value.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    cont = [ln.strip(" ") for ln in rest]
+    return [first.rstrip(" "), *(ln for ln in cont if ln)]
+
+
 def format_headers(headers: dict[str, str]) -> str:
-    """Write headers back; a multi-line value continues on lines indented by two spaces."""
+    """Write headers back; a multi-line value continues on lines indented by two spaces.
+
+    Values are normalised on the way out (trailing spaces, empty or indented continuation
+    lines), so format → parse → format is the identity for any value.
+    """
     out = []
     for key, value in headers.items():
-        first, *rest = value.split("\n")
-        out.append(f"{key}: {first}".rstrip(" ") if first else f"{key}:")
+        first, *rest = _value_lines(value)
+        out.append(f"{key}: {first}" if first else f"{key}:")
         out.extend(f"  {ln}" for ln in rest)
     return "\n".join(out)
 
 
 def parse_headers(lines: list[str], *, path: Path, first_line: int) -> dict[str, str]:
     """Parse a header block; continuation lines (leading spaces) join with a newline."""
+    problems: list[Problem] = []
+    headers, _ = _parse_header_block(lines, first_line=first_line, problems=problems)
+    if problems:
+        p = problems[0]
+        raise PatchFileError(f"{path}:{p.line}: {p.message}", hint=p.hint)
+    return headers
+
+
+def _is_continuation(line: str) -> bool:
+    return line.startswith(" ") and bool(line.strip(" "))
+
+
+def _parse_header_block(
+    lines: list[str], *, first_line: int, problems: list[Problem]
+) -> tuple[dict[str, str], dict[str, int]]:
     headers: dict[str, str] = {}
+    where: dict[str, int] = {}
     key: str | None = None
     for i, line in enumerate(lines):
         m = _HEADER_RE.match(line)
         if m and not line.startswith(" "):
             key = m.group("key")
             if key in headers:
-                raise PatchFileError(
-                    f"{path}:{first_line + i}: header {key!r} appears twice.",
-                    hint="keep one; regenerate the file with qwen38build export",
-                )
+                problems.append(Problem(
+                    first_line + i, "headers",
+                    f"header {key!r} appears twice (first at line {where[key]}).",
+                    "keep one; regenerate the file with qwen38build export",
+                ))
+                key = None  # the first value stands; continuations of the second are dropped
+                continue
             headers[key] = m.group("value") or ""
-        elif line.startswith(" ") and key is not None:
+            where[key] = first_line + i
+        elif _is_continuation(line) and key is not None:
             headers[key] += "\n" + line.lstrip(" ")
+        elif _is_continuation(line):
+            continue  # a continuation of a duplicate header
         else:
-            raise PatchFileError(f"{path}:{first_line + i}: not a header line: {line!r}.")
-    return headers
+            problems.append(Problem(
+                first_line + i, "headers", f"not a header line: {line!r}.",
+                "write headers as 'Key: value', continuation lines indented by spaces",
+            ))
+    return headers, where
 
 
 def _split_preamble(preamble: list[str]) -> tuple[list[str], list[str], int]:
@@ -170,10 +294,7 @@ def _split_preamble(preamble: list[str]) -> tuple[list[str], list[str], int]:
     start = end
     while start:
         line = preamble[start - 1]
-        if line.startswith(" ") and line.strip():
-            start -= 1
-            continue
-        if _HEADER_RE.match(line):
+        if _is_continuation(line) or _HEADER_RE.match(line):
             start -= 1
             continue
         break
@@ -190,76 +311,138 @@ def _first_diff_line(lines: list[str]) -> int:
     return len(lines)
 
 
-def _package_path(raw: str, *, path: Path, line: int) -> str | None:
-    """Turn ``a/x/y.py`` into ``x/y.py``; refuse anything that leaves the package."""
-    raw = raw.split("\t", 1)[0]
+def _package_path(raw: str, *, line: int, problems: list[Problem]) -> str | None:
+    """Turn ``a/x/y.py`` into ``x/y.py``; a path that leaves the package is a problem."""
+    raw = raw.removesuffix("\r").split("\t", 1)[0]
     if raw == "/dev/null":
         return None
     if raw.startswith(("a/", "b/")):
-        raw = raw[2:]
+        rel = raw[2:]
     else:
-        raise PatchFileError(
-            f"{path}:{line}: diff path {raw!r} has no a/ or b/ prefix; the series is "
-            "applied with -p1 from inside the vllm/ package.",
-        )
-    p = PurePosixPath(raw)
-    if p.is_absolute() or ".." in p.parts or raw.startswith("/") or not raw:
-        raise PatchFileError(
-            f"{path}:{line}: diff path {raw!r} leaves the vllm/ package.",
-            hint="paths must be relative to the vllm/ package, without '..'",
-        )
+        problems.append(Problem(
+            line, "diff-hygiene",
+            f"diff path {raw!r} has no a/ or b/ prefix; the series is applied with -p1 "
+            "from inside the vllm/ package.",
+            _REGENERATE,
+        ))
+        return raw
+    p = PurePosixPath(rel)
+    if p.is_absolute() or ".." in p.parts or not rel:
+        problems.append(Problem(
+            line, "diff-hygiene", f"diff path {raw!r} leaves the vllm/ package.",
+            "paths must be relative to the vllm/ package (a/<path>, b/<path>), without '..'",
+        ))
+        return rel
     return str(p)
 
 
 def parse_diff(lines: list[str], *, path: Path, first_line: int) -> tuple[FileDiff, ...]:
     """Parse the unified (git) diff part of a patch file into per-file diffs."""
+    problems: list[Problem] = []
+    files = _parse_diff(lines, first_line=first_line, problems=problems)
+    fatal = [p for p in problems if p.fatal]
+    if fatal:
+        raise PatchFileError(
+            "\n".join(f"{path}:{p.line}: {p.message}" for p in fatal), hint=fatal[0].hint
+        )
+    return files
+
+
+def _is_diff_start(line: str) -> bool:
+    return line.startswith(("diff --git ", "--- "))
+
+
+def _parse_diff(
+    lines: list[str], *, first_line: int, problems: list[Problem]
+) -> tuple[FileDiff, ...]:
     files: list[FileDiff] = []
     i = 0
     n = len(lines)
     while i < n:
         line = lines[i]
-        if line.startswith("diff --git ") or line.startswith("--- "):
-            start = i
-            binary = False
-            old: str | None = None
-            new: str | None = None
-            if line.startswith("diff --git "):
-                i += 1
-                while i < n and not lines[i].startswith(("--- ", "diff --git ", "@@")):
-                    if lines[i].startswith(("Binary files", "GIT binary patch")):
-                        binary = True
-                    i += 1
-            if i < n and lines[i].startswith("--- "):
-                old = _package_path(lines[i][4:], path=path, line=first_line + i)
-                i += 1
-                if i >= n or not lines[i].startswith("+++ "):
-                    raise PatchFileError(
-                        f"{path}:{first_line + i}: a '---' line without its '+++' line."
-                    )
-                new = _package_path(lines[i][4:], path=path, line=first_line + i)
-                i += 1
-            elif not binary:
-                # A git header with no content change (mode only) still names its file.
-                parts = lines[start].split(" ")
-                old = new = _package_path(parts[-1], path=path, line=first_line + start)
-            hunks: list[Hunk] = []
-            while i < n and lines[i].startswith("@@"):
-                hunk, i = _parse_hunk(lines, i, path=path, first_line=first_line)
-                hunks.append(hunk)
-            files.append(
-                FileDiff(old, new, tuple(hunks), binary, patch_line=first_line + start)
-            )
-        else:
+        if not _is_diff_start(line):
             i += 1
+            continue
+        start = i
+        binary = False
+        old: str | None = None
+        new: str | None = None
+        if line.startswith("diff --git "):
+            i += 1
+            while i < n and not lines[i].startswith(("--- ", "diff --git ", "@@")):
+                if lines[i].startswith(("Binary files", "GIT binary patch")):
+                    binary = True
+                i += 1
+        if i < n and lines[i].startswith("--- "):
+            old = _package_path(lines[i][4:], line=first_line + i, problems=problems)
+            i += 1
+            if i >= n or not lines[i].startswith("+++ "):
+                problems.append(Problem(
+                    first_line + i, "diff-hygiene",
+                    "a '---' line without its '+++' line.", _REGENERATE,
+                ))
+                continue
+            new = _package_path(lines[i][4:], line=first_line + i, problems=problems)
+            i += 1
+        elif not binary:
+            # A git header with no content change (mode only) still names its file.
+            parts = lines[start].removesuffix("\r").split(" ")
+            old = new = _package_path(parts[-1], line=first_line + start, problems=problems)
+        else:
+            parts = lines[start].removesuffix("\r").split(" ")
+            new = _package_path(parts[-1], line=first_line + start, problems=problems)
+        hunks: list[Hunk] = []
+        while i < n and lines[i].startswith("@@"):
+            hunk, i = _parse_hunk(lines, i, first_line=first_line, problems=problems)
+            if hunk is not None:
+                hunks.append(hunk)
+        files.append(FileDiff(old, new, tuple(hunks), binary, patch_line=first_line + start))
+        i = _skip_trailer(lines, i, hunks, first_line=first_line, problems=problems)
     return tuple(files)
 
 
+def _skip_trailer(
+    lines: list[str], i: int, hunks: list[Hunk], *, first_line: int, problems: list[Problem]
+) -> int:
+    """Skip to the next file's diff; lines in between that no hunk counted are a problem.
+
+    A hunk whose header counts fewer lines than it has ends early, and the rest of its lines
+    would be silently dropped by a reader that trusts the header. Blank lines at the end of
+    the file and a ``-- `` signature (git format-patch) are fine.
+    """
+    j = i
+    n = len(lines)
+    while j < n and not _is_diff_start(lines[j]):
+        if lines[j] in ("-- ", "--"):
+            return n
+        j += 1
+    stray = [k for k in range(i, j) if lines[k].strip()]
+    if stray and hunks:
+        h = hunks[-1]
+        problems.append(Problem(
+            h.patch_line, "diff-hygiene",
+            f"hunk header says -{h.old_count} +{h.new_count} lines but the hunk goes on past "
+            f"them (line {first_line + stray[0]} is not counted).",
+            _REGENERATE,
+        ))
+    elif stray:
+        problems.append(Problem(
+            first_line + stray[0], "diff-hygiene",
+            f"line {lines[stray[0]]!r} belongs to no hunk.", _REGENERATE,
+        ))
+    return j
+
+
 def _parse_hunk(
-    lines: list[str], i: int, *, path: Path, first_line: int
-) -> tuple[Hunk, int]:
+    lines: list[str], i: int, *, first_line: int, problems: list[Problem]
+) -> tuple[Hunk | None, int]:
     m = _HUNK_RE.match(lines[i])
     if not m:
-        raise PatchFileError(f"{path}:{first_line + i}: unreadable hunk header {lines[i]!r}.")
+        problems.append(Problem(
+            first_line + i, "diff-hygiene", f"unreadable hunk header {lines[i]!r}.",
+            _REGENERATE,
+        ))
+        return None, i + 1
     old_start, new_start = int(m.group(1)), int(m.group(3))
     old_count = int(m.group(2)) if m.group(2) is not None else 1
     new_count = int(m.group(4)) if m.group(4) is not None else 1
@@ -286,10 +469,11 @@ def _parse_hunk(
         body.append(lines[i])
         i += 1
     if seen_old != old_count or seen_new != new_count:
-        raise PatchFileError(
-            f"{path}:{first_line + header_i}: hunk header says -{old_count} +{new_count} "
-            f"lines but the hunk has -{seen_old} +{seen_new}.",
-            hint="regenerate the patch with qwen38build export; do not edit diffs by hand",
-        )
+        problems.append(Problem(
+            first_line + header_i, "diff-hygiene",
+            f"hunk header says -{old_count} +{new_count} lines but the hunk has "
+            f"-{seen_old} +{seen_new}.",
+            _REGENERATE,
+        ))
     hunk = Hunk(old_start, old_count, new_start, new_count, tuple(body), first_line + header_i)
     return hunk, i
