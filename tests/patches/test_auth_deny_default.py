@@ -21,7 +21,7 @@ KEY = "sk-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 OPEN = ["/health", "/health/", "/ping", "/load", "/version"]
 GUARDED = ["/tokenize", "/detokenize", "/metrics", "/docs", "/openapi.json", "/v1/models",
-           "/invocations", "/"]
+           "/invocations", "/v2/rerank"]
 ALL_METHODS = ["GET", "POST", "OPTIONS", "HEAD"]
 
 
