@@ -1,0 +1,166 @@
+"""Load the cubin for the device and launch the kernels on torch tensors through CuPy."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from . import _validate as V
+
+_LOCK = threading.Lock()
+_MODULES: dict[int, Any] = {}
+
+
+def cubin_dir() -> Path:
+    """Where the cubins are: $PTHFA_CUBIN_DIR, else the package's ``cubins/``."""
+    env = os.environ.get("PTHFA_CUBIN_DIR")
+    return Path(env) if env else Path(__file__).resolve().parent / "cubins"
+
+
+def find_cubin(major: int, minor: int, directory: Path | None = None) -> Path:
+    """The binary for compute capability major.minor.
+
+    Exact ``sm_XY.cubin`` first; else the newest ``sm_X*`` cubin of the same major with a lower
+    minor (cubins run on later minors of their major); else the newest ``compute_*.ptx`` not
+    newer than the device (the driver compiles it). FileNotFoundError names what was looked for.
+    """
+    d = directory or cubin_dir()
+    exact = d / f"sm_{major}{minor}.cubin"
+    if exact.is_file():
+        return exact
+    for m in range(minor - 1, -1, -1):
+        p = d / f"sm_{major}{m}.cubin"
+        if p.is_file():
+            return p
+    ptx = []
+    for p in d.glob("compute_*.ptx") if d.is_dir() else []:
+        try:
+            sm = int(p.stem.split("_", 1)[1])
+        except ValueError:
+            continue
+        if sm <= major * 10 + minor:
+            ptx.append((sm, p))
+    if ptx:
+        return max(ptx)[1]
+    have = sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+    raise FileNotFoundError(
+        f"no pthfa cubin for compute capability {major}.{minor} in {d} (looked for "
+        f"sm_{major}{minor}.cubin, sm_{major}x.cubin, compute_*.ptx; found {have}); build it "
+        f"with qwen38build.kernels.compile_arch(..., '{major}.{minor}', ...)"
+    )
+
+
+def _module(device: int) -> Any:
+    with _LOCK:
+        mod = _MODULES.get(device)
+        if mod is None:
+            import cupy
+            import torch
+
+            major, minor = torch.cuda.get_device_capability(device)
+            path = find_cubin(major, minor)
+            with cupy.cuda.Device(device):
+                mod = cupy.RawModule(path=str(path))
+            _MODULES[device] = mod
+        return mod
+
+
+def _launch(device: int, name: str, grid: tuple[int, ...], block: tuple[int, ...],
+            args: tuple[Any, ...], shared_mem: int = 0) -> None:
+    import cupy
+    import torch
+
+    fn = _module(device).get_function(name)
+    stream = torch.cuda.current_stream(device)
+    with cupy.cuda.Device(device), cupy.cuda.ExternalStream(stream.cuda_stream, device):
+        fn(grid, block, args, shared_mem=shared_mem)
+
+
+def _ptr(t: Any) -> Any:
+    import numpy as np
+
+    return np.uint64(t.data_ptr())
+
+
+def quantize_kv(key: Any, value: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
+                slot_mapping: Any) -> None:
+    """Quantize ``key``/``value`` [tokens, kv_heads, head_dim] into the paged int8 cache.
+
+    Row ``slot_mapping[i]`` (= block * block_size + offset; negative skips the token) of the
+    caches [num_blocks, block_size, kv_heads, head_dim] int8 gets token i, and the scales
+    [num_blocks, block_size, kv_heads] fp32 get absmax / 127 of each (token, head) row.
+    """
+    import numpy as np
+
+    a = V.check_quantize(key, value, k_cache, v_cache, k_scale, v_scale, slot_mapping)
+    if a.num_tokens == 0:
+        return
+    warps = 2 * a.num_tokens * a.num_kv_heads
+    grid = (math.ceil(warps / V.WARPS),)
+    _launch(a.device, f"pthfa_quantize_{a.dtype}_d{a.head_dim}", grid, (V.THREADS,), (
+        _ptr(key), _ptr(value), _ptr(k_cache), _ptr(v_cache), _ptr(k_scale), _ptr(v_scale),
+        _ptr(slot_mapping), np.int32(a.num_tokens), np.int32(a.num_kv_heads),
+        np.int64(a.key_strides[0]), np.int64(a.key_strides[1]),
+        np.int64(a.value_strides[0]), np.int64(a.value_strides[1]),
+    ))
+
+
+def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
+           block_tables: Any, seq_lens: Any, *, max_seq_len: int | None = None,
+           sm_scale: float | None = None, out: Any = None, part_size: int | None = None) -> Any:
+    """Decode attention: one query token per sequence over the paged int8 cache.
+
+    query [num_seqs, num_heads, head_dim] bf16/fp16; block_tables [num_seqs, max_blocks]
+    int32; seq_lens [num_seqs] int32 (0 gives a zero output row). ``max_seq_len`` bounds
+    seq_lens (read from the device, one sync, when omitted). Returns ``out``
+    [num_seqs, num_heads, head_dim], query's dtype.
+    """
+    import numpy as np
+    import torch
+
+    a = V.check_decode(query, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, out)
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max().item()) if a.num_seqs else 0
+    max_seq_len = V.check_max_seq_len(max_seq_len, a)
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(a.head_dim)
+    if not isinstance(sm_scale, (int, float)) or isinstance(sm_scale, bool):
+        raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
+    if out is None:
+        out = torch.empty_like(query)
+    if a.num_seqs == 0 or a.num_heads == 0:
+        return out
+    if part_size is None:
+        sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+        part_size = V.choose_part_size(a.num_seqs, a.num_kv_heads, max_seq_len, a.block_size,
+                                       a.gqa, a.head_dim, sms)
+    else:
+        V.check_part_size(part_size, a.block_size, a.gqa, a.head_dim)
+    max_parts = max(1, math.ceil(max_seq_len / part_size))
+    dev = query.device
+    part_ml = torch.empty((a.num_seqs, a.num_heads, max_parts, 2), dtype=torch.float32,
+                          device=dev)
+    part_acc = torch.empty((a.num_seqs, a.num_heads, max_parts, a.head_dim),
+                           dtype=torch.float32, device=dev)
+    block_shift = a.block_size.bit_length() - 1
+    if max_seq_len > 0:
+        _launch(
+            a.device, f"pthfa_decode_part_{a.dtype}_d{a.head_dim}_g{a.gqa}",
+            (max_parts, a.num_kv_heads, a.num_seqs), (V.THREADS,),
+            (_ptr(query), _ptr(k_cache), _ptr(v_cache), _ptr(k_scale), _ptr(v_scale),
+             _ptr(block_tables), np.int32(a.bt_stride), _ptr(seq_lens), _ptr(part_ml),
+             _ptr(part_acc), np.int32(a.num_kv_heads), np.int32(block_shift),
+             np.int32(part_size), np.int32(max_parts),
+             np.float32(float(sm_scale) * math.log2(math.e))),
+            shared_mem=V.smem_bytes(part_size, a.block_size, a.gqa, a.head_dim),
+        )
+    _launch(
+        a.device, f"pthfa_decode_reduce_{a.dtype}_d{a.head_dim}", (a.num_heads, a.num_seqs),
+        (a.head_dim,),
+        (_ptr(part_ml), _ptr(part_acc), _ptr(seq_lens), _ptr(out), np.int32(a.num_heads),
+         np.int32(part_size), np.int32(max_parts)),
+    )
+    return out

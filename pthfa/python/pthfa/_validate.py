@@ -1,0 +1,252 @@
+"""Argument checks for the pthfa launchers. Pure Python: no torch, no CuPy, no GPU needed.
+
+Tensors are read by duck typing (``shape``, ``dtype``, ``device``, ``stride()``,
+``is_contiguous()``), so these checks run on stand-ins in CPU-only tests. Wrong types raise
+TypeError, wrong shapes/dtypes/devices/layouts ValueError; each message names the argument.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+HEAD_DIMS = (64, 128, 256)
+GQA_RATIOS = (1, 2, 4, 8)
+FLOAT_DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
+PART_SIZES = (512, 256, 128, 64, 32, 16)
+THREADS = 128
+WARPS = THREADS // 32
+SMEM_LIMIT = 48 * 1024
+
+
+def _is_tensor(x: Any) -> bool:
+    return all(hasattr(x, a) for a in ("shape", "dtype", "device", "stride", "is_contiguous"))
+
+
+def _tensor(name: str, x: Any) -> Any:
+    if not _is_tensor(x):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in x.shape)
+
+
+def _dtype(x: Any) -> str:
+    return str(x.dtype)
+
+
+def _device(x: Any) -> tuple[str, int | None]:
+    dev = x.device
+    return str(dev.type), (None if dev.index is None else int(dev.index))
+
+
+def _ndim(name: str, x: Any, n: int, what: str) -> tuple[int, ...]:
+    shp = _shape(x)
+    if len(shp) != n:
+        raise ValueError(f"{name} must be {n}-D {what}, got shape {list(shp)}")
+    return shp
+
+
+def _want_dtype(name: str, x: Any, *dtypes: str) -> None:
+    if _dtype(x) not in dtypes:
+        raise ValueError(f"{name} must have dtype {' or '.join(dtypes)}, got {_dtype(x)}")
+
+
+def _contig(name: str, x: Any) -> None:
+    if not x.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous()), got strides "
+                         f"{list(x.stride())}")
+
+
+def _same_device(named: dict[str, Any]) -> int:
+    first_name, first = next(iter(named.items()))
+    dev = _device(first)
+    if dev[0] != "cuda":
+        raise ValueError(f"{first_name} must be on a CUDA device, got {dev[0]}")
+    for name, x in named.items():
+        d = _device(x)
+        if d != dev:
+            raise ValueError(
+                f"{name} is on {d[0]}:{d[1]} but {first_name} is on {dev[0]}:{dev[1]}; "
+                "all tensors must be on one CUDA device"
+            )
+    return dev[1] or 0
+
+
+def _cache_pair(k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any) -> tuple[int, ...]:
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("k_scale", k_scale),
+                    ("v_scale", v_scale)):
+        _tensor(name, x)
+    shp = _ndim("k_cache", k_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+    if _shape(v_cache) != shp:
+        raise ValueError(f"v_cache has shape {list(_shape(v_cache))}, k_cache {list(shp)}; "
+                         "they must match")
+    _want_dtype("k_cache", k_cache, "torch.int8")
+    _want_dtype("v_cache", v_cache, "torch.int8")
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if _shape(s) != shp[:3]:
+            raise ValueError(f"{name} must have shape [num_blocks, block_size, num_kv_heads] = "
+                             f"{list(shp[:3])}, got {list(_shape(s))}")
+        _want_dtype(name, s, "torch.float32")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("k_scale", k_scale),
+                    ("v_scale", v_scale)):
+        _contig(name, x)
+    _nb, bs, _kvh, d = shp
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {list(HEAD_DIMS)}, got {d}")
+    if bs <= 0 or bs & (bs - 1) or bs > 512:
+        raise ValueError(f"block_size must be a power of two up to 512, got {bs}")
+    return shp
+
+
+@dataclass(frozen=True)
+class QuantizeArgs:
+    device: int
+    dtype: str  # "bf16" or "fp16"
+    num_tokens: int
+    num_kv_heads: int
+    head_dim: int
+    key_strides: tuple[int, int]
+    value_strides: tuple[int, int]
+
+
+def check_quantize(key: Any, value: Any, k_cache: Any, v_cache: Any, k_scale: Any,
+                   v_scale: Any, slot_mapping: Any) -> QuantizeArgs:
+    """Validate :func:`pthfa.quantize_kv`'s arguments; return the launch dimensions."""
+    _tensor("key", key)
+    _tensor("value", value)
+    _tensor("slot_mapping", slot_mapping)
+    shp = _cache_pair(k_cache, v_cache, k_scale, v_scale)
+    kshape = _ndim("key", key, 3, "[num_tokens, num_kv_heads, head_dim]")
+    if _shape(value) != kshape:
+        raise ValueError(f"value has shape {list(_shape(value))}, key {list(kshape)}; "
+                         "they must match")
+    if kshape[1:] != shp[2:]:
+        raise ValueError(f"key's [num_kv_heads, head_dim] = {list(kshape[1:])} does not match "
+                         f"the cache's {list(shp[2:])}")
+    if _dtype(key) not in FLOAT_DTYPES:
+        raise ValueError(f"key must have dtype torch.bfloat16 or torch.float16, got {_dtype(key)}")
+    if _dtype(value) != _dtype(key):
+        raise ValueError(f"value has dtype {_dtype(value)}, key {_dtype(key)}; they must match")
+    for name, x in (("key", key), ("value", value)):
+        if kshape[2] > 1 and int(x.stride()[2]) != 1:
+            raise ValueError(f"{name}'s last dimension must be contiguous (stride 1), got "
+                             f"strides {list(x.stride())}")
+    _ndim("slot_mapping", slot_mapping, 1, "[num_tokens]")
+    if _shape(slot_mapping)[0] != kshape[0]:
+        raise ValueError(f"slot_mapping has {_shape(slot_mapping)[0]} entries for "
+                         f"{kshape[0]} tokens")
+    _want_dtype("slot_mapping", slot_mapping, "torch.int64")
+    _contig("slot_mapping", slot_mapping)
+    dev = _same_device({"key": key, "value": value, "k_cache": k_cache, "v_cache": v_cache,
+                        "k_scale": k_scale, "v_scale": v_scale, "slot_mapping": slot_mapping})
+    ks, vs = key.stride(), value.stride()
+    return QuantizeArgs(dev, FLOAT_DTYPES[_dtype(key)], kshape[0], kshape[1], kshape[2],
+                        (int(ks[0]), int(ks[1])), (int(vs[0]), int(vs[1])))
+
+
+@dataclass(frozen=True)
+class DecodeArgs:
+    device: int
+    dtype: str
+    num_seqs: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    max_blocks: int
+    bt_stride: int
+
+    @property
+    def gqa(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+def check_decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
+                 block_tables: Any, seq_lens: Any, out: Any = None) -> DecodeArgs:
+    """Validate :func:`pthfa.decode`'s arguments; return the launch dimensions."""
+    _tensor("query", query)
+    _tensor("block_tables", block_tables)
+    _tensor("seq_lens", seq_lens)
+    _nb, bs, kvh, d = _cache_pair(k_cache, v_cache, k_scale, v_scale)
+    s, h, qd = _ndim("query", query, 3, "[num_seqs, num_heads, head_dim]")
+    if qd != d:
+        raise ValueError(f"query's head_dim {qd} does not match the cache's {d}")
+    if _dtype(query) not in FLOAT_DTYPES:
+        raise ValueError(
+            f"query must have dtype torch.bfloat16 or torch.float16, got {_dtype(query)}")
+    _contig("query", query)
+    if h % kvh:
+        raise ValueError(f"num_heads {h} is not a multiple of num_kv_heads {kvh}")
+    if h // kvh not in GQA_RATIOS:
+        raise ValueError(f"num_heads / num_kv_heads = {h // kvh} is not supported; "
+                         f"supported GQA ratios: {list(GQA_RATIOS)}")
+    bt = _ndim("block_tables", block_tables, 2, "[num_seqs, max_blocks]")
+    if bt[0] != s:
+        raise ValueError(f"block_tables has {bt[0]} rows for {s} sequences")
+    _want_dtype("block_tables", block_tables, "torch.int32")
+    if bt[1] > 1 and int(block_tables.stride()[1]) != 1:
+        raise ValueError("block_tables' last dimension must be contiguous (stride 1), got "
+                         f"strides {list(block_tables.stride())}")
+    sl = _ndim("seq_lens", seq_lens, 1, "[num_seqs]")
+    if sl[0] != s:
+        raise ValueError(f"seq_lens has {sl[0]} entries for {s} sequences")
+    _want_dtype("seq_lens", seq_lens, "torch.int32")
+    _contig("seq_lens", seq_lens)
+    named = {"query": query, "k_cache": k_cache, "v_cache": v_cache, "k_scale": k_scale,
+             "v_scale": v_scale, "block_tables": block_tables, "seq_lens": seq_lens}
+    if out is not None:
+        _tensor("out", out)
+        if _shape(out) != (s, h, d):
+            raise ValueError(f"out must have shape {[s, h, d]}, got {list(_shape(out))}")
+        if _dtype(out) != _dtype(query):
+            raise ValueError(f"out has dtype {_dtype(out)}, query {_dtype(query)}; "
+                             "they must match")
+        _contig("out", out)
+        named["out"] = out
+    dev = _same_device(named)
+    bt_stride = int(block_tables.stride()[0]) if bt[0] > 0 else bt[1]
+    return DecodeArgs(dev, FLOAT_DTYPES[_dtype(query)], s, h, kvh, d, bs, bt[1], bt_stride)
+
+
+def smem_bytes(part_size: int, block_size: int, gqa: int, head_dim: int) -> int:
+    """Dynamic shared memory of the partition kernel (must match decode.cu)."""
+    bt_cap = ((part_size // block_size) + 3) & ~3
+    return 4 * (bt_cap + max(part_size * gqa, WARPS * gqa * head_dim))
+
+
+def check_part_size(part_size: Any, block_size: int, gqa: int, head_dim: int) -> int:
+    if not isinstance(part_size, int) or isinstance(part_size, bool):
+        raise TypeError(f"part_size must be an int, got {type(part_size).__name__}")
+    if part_size <= 0 or part_size & (part_size - 1):
+        raise ValueError(f"part_size must be a power of two, got {part_size}")
+    if part_size < block_size:
+        raise ValueError(f"part_size {part_size} is smaller than block_size {block_size}")
+    if smem_bytes(part_size, block_size, gqa, head_dim) > SMEM_LIMIT:
+        raise ValueError(f"part_size {part_size} needs more than 48 KiB of shared memory "
+                         f"at GQA ratio {gqa}")
+    return part_size
+
+
+def choose_part_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int,
+                     gqa: int, head_dim: int, num_sms: int) -> int:
+    """The largest partition that still gives about 2 CTAs per SM (flash-decoding split)."""
+    cands = [p for p in PART_SIZES if p >= max(block_size, 64)
+             and smem_bytes(p, block_size, gqa, head_dim) <= SMEM_LIMIT] or [block_size]
+    want = 2 * num_sms
+    for p in cands:
+        if num_seqs * num_kv_heads * -(-max(max_seq_len, 1) // p) >= want:
+            return p
+    return cands[-1]
+
+
+def check_max_seq_len(max_seq_len: Any, args: DecodeArgs) -> int:
+    if not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool):
+        raise TypeError(f"max_seq_len must be an int, got {type(max_seq_len).__name__}")
+    cap = args.max_blocks * args.block_size
+    if max_seq_len < 0 or max_seq_len > cap:
+        raise ValueError(f"max_seq_len {max_seq_len} is outside [0, max_blocks * block_size = "
+                         f"{cap}]")
+    return max_seq_len
