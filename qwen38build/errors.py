@@ -79,3 +79,29 @@ class CheckFailed(Qwen38BuildError):
 
 class KernelBuildError(Qwen38BuildError):
     """nvcc failed; the message names the arch, the file and the line of the first error."""
+
+
+class LintFailed(CheckFailed):
+    """The lint found broken rules; ``findings`` holds each one (its ``str()`` is a line)."""
+
+    def __init__(self, findings: list[object], *, hint: str | None = None) -> None:
+        self.findings = findings
+        noun = "rule is" if len(findings) == 1 else "rules are"
+        lines = "\n".join(f"  {f}" for f in findings)
+        super().__init__(
+            f"{len(findings)} ledger {noun} broken:\n{lines}",
+            hint=hint or "each line names the file, the line and the rule; fix the patch "
+            "file's commit and re-export, then run qwen38build lint again",
+        )
+
+
+class TableStale(CheckFailed):
+    """The ledger table differs from what the patch headers give; ``diff`` shows how."""
+
+    def __init__(self, path: str, diff: str) -> None:
+        self.path = path
+        self.diff = diff
+        super().__init__(
+            f"{path}: the ledger table is not current with the patch headers:\n{diff}",
+            hint="run qwen38build table to rewrite it, and commit the result",
+        )
