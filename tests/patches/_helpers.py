@@ -147,9 +147,55 @@ def load_with_auto_stubs(path: Path, overrides: dict[str, types.ModuleType] | No
         if name.split(".")[0] in prefixes and name not in stubs:
             stubs[name] = AutoStub(name)
     stubs.update(overrides or {})
+    # Parent packages of every stub (``import vllm.envs`` binds ``vllm`` first).
+    for name in list(stubs):
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            parent = ".".join(parts[:i])
+            if parent not in stubs:
+                stubs[parent] = AutoStub(parent)
     # Let `from pkg import sub` find submodule stubs as attributes of the parent stub.
     for name, mod in stubs.items():
         parent, _, child = name.rpartition(".")
         if parent in stubs and child:
             setattr(stubs[parent], child, mod)
     return load_module(path, stubs)
+
+
+def load_envs(tree: Path) -> types.ModuleType:
+    """Load vllm/envs.py (stdlib-only at import; compile_factors' lazy imports stubbed)."""
+    import json as _json
+
+    def normalize_value(value: Any) -> Any:
+        _json.dumps(value, default=str)
+        return value
+
+    stubs = {
+        "vllm": AutoStub("vllm"),
+        "vllm.config": AutoStub("vllm.config"),
+        "vllm.config.utils": make_module("vllm.config.utils", normalize_value=normalize_value),
+        "vllm.utils": AutoStub("vllm.utils"),
+        "vllm.utils.torch_utils": make_module(
+            "vllm.utils.torch_utils", is_torch_equal_or_newer=lambda v: True),
+    }
+    mod = load_module(tree / "envs.py")
+    mod.__dict__["_qwen38_stubs"] = stubs
+    return mod
+
+
+@contextmanager
+def envs_stubs_active(envs_mod: types.ModuleType) -> Iterator[None]:
+    """Keep the stubs envs.compile_factors() imports lazily in place while it runs."""
+    with stub_modules(envs_mod.__dict__["_qwen38_stubs"]):
+        yield
+
+
+class FakeClock:
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

@@ -1,0 +1,96 @@
+"""engine-completion-log: one log line per completed engine step (a step that executed the
+model), emitted from the engine core's real _process_engine_step."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from ._helpers import (
+    FakeClock,
+    assert_pristine_lacks,
+    exec_function,
+    load_with_auto_stubs,
+    make_module,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+class _Scheduler:
+    def __init__(self) -> None:
+        self.live = 3
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.live
+
+    def has_requests(self) -> bool:
+        return False
+
+
+class _Queue:
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+
+    def put_nowait(self, item: Any) -> None:
+        self.items.append(item)
+
+
+def _step_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "completed step" in r.getMessage()]
+
+
+def _check(tree: Path, caplog: pytest.LogCaptureFixture) -> None:
+    module = tree / "v1/engine/step_watch.py"
+    assert module.exists(), "no step watch in the engine core"
+    envs = make_module("vllm.envs", VLLM_ENGINE_STALL_SENTINEL_S=0.0)
+    step_watch = load_with_auto_stubs(module, {"vllm.envs": envs})
+    clock = FakeClock()
+    # The engine core's own step method, run against a fake core.
+    process_engine_step = exec_function(
+        tree / "v1/engine/core.py", "EngineCoreProc._process_engine_step", {"time": time})
+    scheduler = _Scheduler()
+    results = iter([({0: "out"}, True), ({}, False), ({0: "out2"}, True)])
+
+    def step_fn() -> tuple[dict[int, str], bool]:
+        clock.advance(0.025)
+        return next(results)
+
+    core = SimpleNamespace(
+        step_fn=step_fn, output_queue=_Queue(), post_step=lambda executed: None,
+        scheduler=scheduler,
+        step_watch=step_watch.EngineStepWatch(engine_index=0, clock=clock),
+    )
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG):
+        assert process_engine_step(core) is True
+        assert len(_step_lines(caplog)) == 1
+        line = _step_lines(caplog)[0]
+        assert "step 1" in line and "25.0 ms" in line and "3 live requests" in line
+        # A step that executed no model is not a completed step.
+        assert process_engine_step(core) is False
+        assert len(_step_lines(caplog)) == 1
+        scheduler.live = 1
+        assert process_engine_step(core) is True
+    lines = _step_lines(caplog)
+    assert len(lines) == 2 and "step 2" in lines[1] and "1 live requests" in lines[1]
+    assert core.output_queue.items == [(0, "out"), (0, "out2")]
+
+
+def test_patched_logs_each_completed_step(patched_vllm: Path,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    _check(patched_vllm, caplog)
+
+
+def test_patched_core_builds_step_watch(patched_vllm: Path) -> None:
+    src = (patched_vllm / "v1/engine/core.py").read_text()
+    assert "self.step_watch = EngineStepWatch(engine_index)" in src
+
+
+def test_pristine_lacks_step_log(pristine_vllm: Path, caplog: pytest.LogCaptureFixture) -> None:
+    assert_pristine_lacks(lambda: _check(pristine_vllm, caplog))
