@@ -1,0 +1,229 @@
+"""pthfa kernels on a real GPU against float64 torch references (marker ``gpu``).
+
+Skipped, with the reason, where torch, CuPy or a CUDA device is missing. Every case draws fresh
+random data (never zeros) and poisons the outputs first, so an unwritten element fails.
+Run: ``PYTHONPATH=pthfa/python python -m pytest tests/gpu -m gpu``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "pthfa" / "python"))
+
+torch = pytest.importorskip("torch", reason="torch is not installed: no GPU tests")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU visible to torch", allow_module_level=True)
+pytest.importorskip("cupy", reason="CuPy is not installed: the pthfa launcher needs it")
+
+import pthfa  # noqa: E402
+from pthfa.reference import attention_ref, gather_kv, quantize_ref  # noqa: E402
+
+DEV = "cuda"
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# worst relative rounding of one output element (half an ulp at the bottom of a binade)
+ROUND = {"bf16": 2.0**-8, "fp16": 2.0**-11}
+RESULTS: list[str] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cubin_present() -> None:
+    major, minor = torch.cuda.get_device_capability()
+    # a missing cubin on a GPU machine is a failure, not a skip
+    pthfa.find_cubin(major, minor)
+
+
+def _rows(n: int, kvh: int, d: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    x = torch.randn((n, kvh, d), generator=gen, device=DEV)
+    mag = torch.exp(0.7 * torch.randn((n, kvh, 1), generator=gen, device=DEV))
+    return (x * mag).to(dtype)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def test_quantize_roundtrip() -> None:
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    for name, dtype in DTYPES.items():
+        for d in (64, 128, 256):
+            for bs in (16, 32):
+                kvh, nb, n = 4, 40, 300
+                key = _rows(n, kvh, d, dtype, gen)
+                value = _rows(n, kvh, d, dtype, gen)
+                slots = torch.randperm(nb * bs, generator=gen, device=DEV)[:n].to(torch.int64)
+                skip = torch.rand(n, generator=gen, device=DEV) < 0.1
+                slots[skip] = -1
+                k_cache = torch.full((nb, bs, kvh, d), -128, dtype=torch.int8, device=DEV)
+                v_cache = torch.full_like(k_cache, -128)
+                k_scale = torch.full((nb, bs, kvh), float("nan"), device=DEV)
+                v_scale = torch.full_like(k_scale, float("nan"))
+                pthfa.quantize_kv(key, value, k_cache, v_cache, k_scale, v_scale, slots)
+                torch.cuda.synchronize()
+                live = slots >= 0
+                s = slots[live]
+                for src, cache, scale in ((key, k_cache, k_scale), (value, v_cache, v_scale)):
+                    flat_c = cache.view(nb * bs, kvh, d)
+                    flat_s = scale.view(nb * bs, kvh)
+                    got_q, got_s = flat_c[s], flat_s[s]
+                    want_q, want_s = quantize_ref(src[live])
+                    assert torch.equal(got_s, want_s), (name, d, bs, "scale")
+                    diff = (got_q.int() - want_q.int()).abs()
+                    assert int(diff.max()) <= 1 and int((diff > 0).sum()) <= 2, (name, d, bs)
+                    err = (got_q.double() * got_s.double()[..., None] - src[live].double()).abs()
+                    bound = got_s.double()[..., None] * (0.5 + 1e-4)
+                    assert bool((err <= bound).all()), (name, d, bs, float((err - bound).max()))
+                    # untouched slots keep their poison
+                    mask = torch.ones(nb * bs, dtype=torch.bool, device=DEV)
+                    mask[s] = False
+                    assert bool((flat_c[mask] == -128).all())
+                    assert bool(flat_s[mask].isnan().all())
+                    assert int(got_q.min()) >= -127
+                    worst = float((err / got_s.double()[..., None].clamp_min(1e-30)).max())
+                RESULTS.append(f"quantize {name} d{d} bs{bs}: tokens {n} (skipped "
+                               f"{int(skip.sum())}), max |x - q*s| / s = {worst:.4f}")
+
+
+def test_quantize_strided_view() -> None:
+    """A [tokens, kv_heads, head_dim] view of a fused qkv buffer (token stride > row)."""
+    gen = torch.Generator(device=DEV).manual_seed(2)
+    n, kvh, d, bs, nb = 50, 2, 128, 16, 8
+    qkv = torch.randn((n, 6 * kvh * d), generator=gen, device=DEV).to(torch.bfloat16)
+    key = qkv[:, 4 * kvh * d: 5 * kvh * d].view(n, kvh, d)
+    value = qkv[:, 5 * kvh * d:].view(n, kvh, d)
+    assert not key.is_contiguous()
+    slots = torch.arange(n, device=DEV, dtype=torch.int64) + 3
+    kc = torch.full((nb, bs, kvh, d), -128, dtype=torch.int8, device=DEV)
+    vc = torch.full_like(kc, -128)
+    ks = torch.full((nb, bs, kvh), float("nan"), device=DEV)
+    vs = torch.full_like(ks, float("nan"))
+    pthfa.quantize_kv(key, value, kc, vc, ks, vs, slots)
+    wq, ws = quantize_ref(key)
+    assert torch.equal(ks.view(-1, kvh)[slots], ws)
+    assert int((kc.view(-1, kvh, d)[slots].int() - wq.int()).abs().max()) <= 1
+    wq, ws = quantize_ref(value)
+    assert torch.equal(vs.view(-1, kvh)[slots], ws)
+
+
+def _decode_case(seq_lens: list[int], kvh: int, g: int, d: int, bs: int, name: str,
+                 seed: int, part_size: int | None = None) -> str:
+    dtype = DTYPES[name]
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    s = len(seq_lens)
+    h = kvh * g
+    nblks = [math.ceil(n / bs) for n in seq_lens]
+    max_blocks = max(max(nblks), 1) + 2
+    total = sum(nblks) + 5
+    perm = torch.randperm(total, generator=gen, device=DEV).to(torch.int32)
+    # entries past a sequence's end hold valid but foreign blocks: reading them would show
+    block_tables = torch.randint(0, total, (s, max_blocks), generator=gen, device=DEV,
+                                 dtype=torch.int32)
+    keys, values, slots = [], [], []
+    at = 0
+    for i, n in enumerate(seq_lens):
+        block_tables[i, : nblks[i]] = perm[at: at + nblks[i]]
+        at += nblks[i]
+        t = torch.arange(n, device=DEV)
+        slots.append(block_tables[i, t // bs].long() * bs + t % bs)
+        keys.append(_rows(n, kvh, d, dtype, gen))
+        values.append(_rows(n, kvh, d, dtype, gen))
+    k_cache = torch.randint(-127, 128, (total, bs, kvh, d), generator=gen, device=DEV,
+                            dtype=torch.int8)
+    v_cache = torch.randint(-127, 128, (total, bs, kvh, d), generator=gen, device=DEV,
+                            dtype=torch.int8)
+    k_scale = torch.rand((total, bs, kvh), generator=gen, device=DEV) + 0.5
+    v_scale = torch.rand((total, bs, kvh), generator=gen, device=DEV) + 0.5
+    pthfa.quantize_kv(torch.cat(keys), torch.cat(values), k_cache, v_cache, k_scale, v_scale,
+                      torch.cat(slots))
+    query = (2.0 * torch.randn((s, h, d), generator=gen, device=DEV)).to(dtype)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
+    out = torch.full((s, h, d), float("nan"), dtype=dtype, device=DEV)
+    pthfa.decode(query, k_cache, v_cache, k_scale, v_scale, block_tables, lens,
+                 max_seq_len=max(seq_lens), out=out, part_size=part_size)
+    torch.cuda.synchronize()
+    assert not bool(out.isnan().any()), "unwritten (NaN) output elements"
+
+    deq_k = [gather_kv(k_cache, k_scale, block_tables[i], n) for i, n in enumerate(seq_lens)]
+    deq_v = [gather_kv(v_cache, v_scale, block_tables[i], n) for i, n in enumerate(seq_lens)]
+    ref_deq = attention_ref(query, deq_k, deq_v)
+    ref_full = attention_ref(query, keys, values)
+    live = [i for i, n in enumerate(seq_lens) if n > 0]
+    for i, n in enumerate(seq_lens):
+        if n == 0:
+            assert bool((out[i] == 0).all()), "an empty sequence must give zeros"
+    o, rd, rf = out[live], ref_deq[live], ref_full[live]
+    # fp32 terms: the kernel's output against the dequantized reference rounded to the dtype
+    e_round = _rel(o, rd.to(dtype))
+    e_deq = _rel(o, rd)
+    e_full = _rel(o, rf)
+    e_quant = _rel(rd, rf)  # what int8 alone costs
+    assert e_round < 1e-3, f"vs dequantized reference (rounded to {name}): {e_round:.2e}"
+    assert e_deq < 1e-3 + ROUND[name], f"vs dequantized reference: {e_deq:.2e}"
+    assert e_full <= e_quant + 1e-3 + ROUND[name], (e_full, e_quant)
+    assert e_full < 5e-2, f"vs full precision: {e_full:.2e}"
+    return (f"decode {name} d{d} g{g} kvh{kvh} bs{bs} lens={seq_lens}"
+            f"{'' if part_size is None else f' part={part_size}'}: "
+            f"rel err vs deq (rounded) {e_round:.2e}, vs deq {e_deq:.2e}, vs full {e_full:.2e} "
+            f"(int8 alone {e_quant:.2e})")
+
+
+RAGGED = [1, 17, 100, 513, 1500, 4097]
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("g", [1, 4, 8])
+@pytest.mark.parametrize("bs", [16, 32])
+def test_decode_ragged(d: int, g: int, bs: int) -> None:
+    name = "bf16" if (d // 64 + g + bs // 16) % 2 else "fp16"
+    RESULTS.append(_decode_case(RAGGED, 2, g, d, bs, name, seed=d * 100 + g * 10 + bs))
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
+def test_decode_long(name: str) -> None:
+    RESULTS.append(_decode_case([32768, 3, 20000], 2, 4, 128, 16, name, seed=7))
+    RESULTS.append(_decode_case([32768], 1, 8, 256, 32, name, seed=8))
+
+
+@pytest.mark.parametrize("part", [16, 32, 64, 512])
+def test_decode_partition_sizes(part: int) -> None:
+    bs = 16 if part < 32 else 32
+    bs = min(bs, part)
+    RESULTS.append(_decode_case([1, 31, 32, 33, 700, 2049], 2, 4, 128, bs, "bf16", seed=part,
+                                part_size=part))
+
+
+def test_decode_qwen3_8b_shape_and_empty_seq() -> None:
+    lens = [8192, 0, 5, 4000, 7777, 1, 6000, 8191]
+    RESULTS.append(_decode_case(lens, 8, 4, 128, 16, "bf16", seed=11))
+
+
+def test_decode_rejects_bad_args_on_gpu() -> None:
+    q = torch.randn((2, 8, 128), device=DEV, dtype=torch.bfloat16)
+    kc = torch.zeros((4, 16, 2, 128), dtype=torch.int8, device=DEV)
+    sc = torch.ones((4, 16, 2), device=DEV)
+    bt = torch.zeros((2, 4), dtype=torch.int32, device=DEV)
+    lens = torch.ones(2, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="seq_lens must have dtype torch.int32"):
+        pthfa.decode(q, kc, kc, sc, sc, bt, lens.long())
+    with pytest.raises(ValueError, match="CUDA device"):
+        pthfa.decode(q.cpu(), kc, kc, sc, sc, bt, lens)
+    with pytest.raises(ValueError, match="query must be contiguous"):
+        pthfa.decode(q.transpose(0, 1).contiguous().transpose(0, 1), kc, kc, sc, sc, bt, lens)
+
+
+def test_zz_report() -> None:
+    """Prints every case's numbers (pytest -s or -rA shows them)."""
+    dev = torch.cuda.get_device_name()
+    cc = torch.cuda.get_device_capability()
+    sys.stdout.write(f"\n# pthfa GPU results on {dev} (sm_{cc[0]}{cc[1]}), torch "
+                     f"{torch.__version__}\n")
+    for line in RESULTS:
+        sys.stdout.write(line + "\n")
+    assert RESULTS
