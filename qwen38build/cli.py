@@ -1,0 +1,388 @@
+"""The command line: argument parsing, small named stages, and the one error boundary.
+
+``main(argv) -> int`` never raises for a user's mistake: a Qwen38BuildError becomes
+``error: ...`` (and ``hint: ...``) on stderr and its exit code. Heavy imports stay inside
+the commands so that a no-op ``build`` answers from the fast path in a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qwen38build.errors import ExitCode, Qwen38BuildError, UsageError
+
+if TYPE_CHECKING:
+    from qwen38build.plan import Plan
+    from qwen38build.recipe import LoadedRecipe
+    from qwen38build.store import Store
+
+DESCRIPTION = """\
+Build a patched vLLM wheel from recipe.toml and lock/, cached by input digest in a
+content-addressed store. Exit codes: 0 ok, 1 a build or check failed, 2 bad input."""
+
+
+# -- stages -----------------------------------------------------------------------------
+
+
+def open_store(args: argparse.Namespace) -> Store:
+    from qwen38build.store import Store, default_root
+
+    return Store(Path(args.store) if args.store else default_root())
+
+
+def load_recipe(args: argparse.Namespace) -> LoadedRecipe:
+    from qwen38build import recipe
+
+    return recipe.load(Path(args.recipe))
+
+
+def load_plan(loaded: LoadedRecipe) -> Plan:
+    from qwen38build import lock
+    from qwen38build.plan import make_plan
+
+    return make_plan(loaded, lock.read(loaded.root))
+
+
+def emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True) if getattr(args, "json", False) else text)
+
+
+# -- build ------------------------------------------------------------------------------
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from qwen38build import fastpath
+
+    store = open_store(args)
+    recipe_path = Path(args.recipe)
+    fp = fastpath.fingerprint(recipe_path)
+    if fp is not None and not args.rebuild:
+        hit = fastpath.lookup(store.root, fp)
+        if hit is not None:
+            return _report_build(args, store, hit["build"], hit["wheel"], recipe_path.parent)
+    from qwen38build import lint, record
+    from qwen38build.executor import realise
+    from qwen38build.report import make_reporter
+
+    loaded = load_recipe(args)
+    findings = lint.check(loaded)
+    if findings:
+        for f in findings:
+            print(f"lint: {f}", file=sys.stderr)
+        raise _lint_failed(len(findings))
+    plan = load_plan(loaded)
+    reporter = make_reporter(quiet=args.quiet)
+    outcomes = realise([plan.top], store, reporter)
+    record.write_build(store, plan.top, outcomes, root_name=_root_name(loaded))
+    wheel = _wheel_name(store, plan.build_hash)
+    if fp is not None:
+        fastpath.save(store.root, fp, {"build": plan.build_hash, "wheel": wheel})
+    return _report_build(args, store, plan.build_hash, wheel, loaded.root)
+
+
+def _lint_failed(n: int) -> Qwen38BuildError:
+    from qwen38build.errors import CheckFailed
+
+    return CheckFailed(
+        f"{n} lint finding(s) above; nothing was applied.",
+        hint="fix them, or run `qwen38build lint` for the same report",
+    )
+
+
+def _root_name(loaded: LoadedRecipe) -> str:
+    from qwen38build.digest import sha256_bytes
+
+    return "recipe-" + sha256_bytes(str(loaded.path).encode())[:16]
+
+
+def _wheel_name(store: Store, build_hash: str) -> str:
+    return next((store.objects / build_hash).glob("*.whl")).name
+
+
+def _report_build(
+    args: argparse.Namespace, store: Store, build_hash: str, wheel: str, root: Path
+) -> int:
+    out_dir = store.objects / build_hash
+    if not args.no_link:
+        link = root / "result"
+        tmp = root / ".result.tmp"
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        tmp.symlink_to(out_dir)
+        os.replace(tmp, link)
+    emit(
+        args,
+        {"build": build_hash, "wheel": str(out_dir / wheel), "store": str(store.root)},
+        f"build {build_hash}\nwheel {out_dir / wheel}",
+    )
+    return ExitCode.OK
+
+
+# -- plan, show, why --------------------------------------------------------------------
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from qwen38build.step import walk
+
+    loaded = load_recipe(args)
+    plan = load_plan(loaded)
+    store = open_store(args)
+    rows = []
+    for s in walk([plan.top]):
+        rows.append({"name": s.name, "kind": s.kind, "digest": s.digest,
+                     "built": store.get(s.digest) is not None})
+    declared = [{"name": d.name, "status": d.reason} for d in plan.declared]
+    lines = [f"{'built' if r['built'] else 'to build':9} {r['kind']:6} {r['digest'][:12]}  {r['name']}"
+             for r in rows]
+    lines += [f"{'declared':9} {'-':6} {'-':12}  {d['name']}: {d['status']}" for d in declared]
+    lines.append(f"build hash {plan.build_hash}")
+    emit(args, {"build": plan.build_hash, "steps": rows, "declared": declared}, "\n".join(lines))
+    return ExitCode.OK
+
+
+def _resolve_step(plan: Plan, ref: str) -> Any:
+    from qwen38build.step import walk
+
+    candidates = [s for s in walk([plan.top])
+                  if ref in (s.name, s.kind) or (len(ref) >= 6 and s.digest.startswith(ref))]
+    if len(candidates) != 1:
+        names = ", ".join(f"{s.kind}:{s.name}" for s in walk([plan.top]))
+        raise UsageError(
+            f"step {ref!r} {'is ambiguous' if candidates else 'is not in the plan'}.",
+            hint=f"name one of: {names} (a kind, a name, or 6+ digest characters)",
+        )
+    return candidates[0]
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    plan = load_plan(load_recipe(args))
+    step = _resolve_step(plan, args.step)
+    drv = step.derivation()
+    drv["digest"] = step.digest
+    print(json.dumps(drv, indent=2, sort_keys=True))
+    return ExitCode.OK
+
+
+def cmd_why(args: argparse.Namespace) -> int:
+    from qwen38build.why import explain
+
+    plan = load_plan(load_recipe(args))
+    step = _resolve_step(plan, args.step)
+    lines = explain(open_store(args), step)
+    print("\n".join(lines))
+    return ExitCode.OK
+
+
+# -- reproduce, lock --------------------------------------------------------------------
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from qwen38build.reproduce import reproduce
+    from qwen38build.report import make_reporter
+
+    result = reproduce(open_store(args), args.build_hash, make_reporter(quiet=args.quiet),
+                       keep=args.keep)
+    emit(args, result.as_json(), result.text())
+    return ExitCode.OK if result.ok else ExitCode.FAILED
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    from qwen38build.locking import check_lock, relock
+
+    loaded = load_recipe(args)
+    if args.check:
+        check_lock(loaded)
+        print(f"lock is current for {loaded.path.name}")
+        return ExitCode.OK
+    path = relock(loaded, open_store(args))
+    print(f"wrote {path}")
+    return ExitCode.OK
+
+
+# -- verify, apply ----------------------------------------------------------------------
+
+
+def _manifest(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
+    from qwen38build.record import read_build, roots
+    from qwen38build.steps.wheel import read_manifest
+
+    store = open_store(args)
+    build = args.build
+    if build is None:
+        link = Path(args.recipe).parent / "result"
+        if link.is_symlink():
+            build = Path(os.readlink(link)).name
+        else:
+            known = roots(store)
+            if not known:
+                raise UsageError("no build to compare with.", hint="run `qwen38build build` first")
+            build = sorted(known.values())[0]
+    rec = read_build(store, build)
+    out = store.objects / rec["build"]
+    if not (out / "manifest.json").exists():
+        raise UsageError(f"build {rec['build'][:12]} is not in the store any more.",
+                         hint=f"run `qwen38build reproduce {rec['build'][:12]}` or rebuild")
+    patched = next(s for s in rec["steps"] if s["derivation"]["kind"] == "patch")
+    return read_manifest(out), store.objects / patched["digest"] / "tree"
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from qwen38build.verify import verify_tree
+
+    manifest, _ = _manifest(args)
+    problems = verify_tree(Path(args.path), manifest, full=args.full)
+    ok = not problems
+    text = (f"{args.path}: holds exactly build {manifest['local_version']}" if ok else
+            "\n".join(str(p) for p in problems) + f"\n{len(problems)} difference(s)")
+    emit(args, {"ok": ok, "problems": [p.__dict__ | {"owners": list(p.owners)} for p in problems]},
+         text)
+    return ExitCode.OK if ok else ExitCode.FAILED
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from qwen38build.verify import apply_tree
+
+    manifest, tree = _manifest(args)
+    changed = apply_tree(Path(args.path), manifest, tree)
+    print("\n".join(f"wrote {c}" for c in changed) or "already up to date")
+    return ExitCode.OK
+
+
+# -- ci, gc, store ----------------------------------------------------------------------
+
+
+def cmd_ci_matrix(args: argparse.Namespace) -> int:
+    loaded = load_recipe(args)
+    include = [{"arch": a, "sm": a.replace(".", "")} for a in loaded.recipe.cuda.archs]
+    print(json.dumps({"include": include}, separators=(",", ":")))
+    return ExitCode.OK
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from qwen38build.gc import collect
+
+    removed = collect(open_store(args), dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    print("\n".join(f"{verb} {d}" for d in removed) or "nothing to remove")
+    return ExitCode.OK
+
+
+def cmd_store_verify(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    bad = []
+    for digest in store.entries():
+        entry = store.lookup(digest)
+        assert entry is not None
+        for name in store.changed_files(entry, rehash=True):
+            bad.append(f"{digest}/{name}")
+    print("\n".join(f"changed: {b}" for b in bad) or "every store entry is intact")
+    return ExitCode.FAILED if bad else ExitCode.OK
+
+
+# -- lint, table ------------------------------------------------------------------------
+
+
+def cmd_lint(args: argparse.Namespace) -> int:
+    from qwen38build import lint
+
+    findings = lint.check(load_recipe(args))
+    for f in findings:
+        print(f)
+    print(f"{len(findings)} finding(s)" if findings else "lint: clean")
+    return ExitCode.FAILED if findings else ExitCode.OK
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from qwen38build import table
+
+    loaded = load_recipe(args)
+    md = loaded.root / "PATCHES.md"
+    if args.check:
+        diff = table.check(loaded, md)
+        if diff:
+            print(diff)
+            print(f"{md.name}: the table is stale; run `qwen38build table`", file=sys.stderr)
+            return ExitCode.FAILED
+        print(f"{md.name}: table is current")
+        return ExitCode.OK
+    changed = table.write(loaded, md)
+    print(f"{md.name}: {'updated' if changed else 'already current'}")
+    return ExitCode.OK
+
+
+# -- parser -----------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="qwen38build", description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipe", default="recipe.toml", help="the recipe (default: ./recipe.toml)")
+    p.add_argument("--store", help="store directory (default: $QWEN38BUILD_STORE or the user "
+                   "cache dir)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, func: Any, help: str, *, json_flag: bool = False) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help)
+        sp.set_defaults(func=func)
+        if json_flag:
+            sp.add_argument("--json", action="store_true", help="machine-readable output")
+        return sp
+
+    b = add("build", cmd_build, "build the patched wheel (cache hits do no work)", json_flag=True)
+    b.add_argument("--no-link", action="store_true", help="do not (re)point ./result")
+    b.add_argument("--rebuild", action="store_true", help="skip the no-op fast path")
+    b.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    add("plan", cmd_plan, "list the steps, their digests and whether each is built",
+        json_flag=True)
+    add("show", cmd_show, "print a step's whole derivation").add_argument("step")
+    add("why", cmd_why, "say which inputs changed since the last build of a step").add_argument(
+        "step")
+    r = add("reproduce", cmd_reproduce, "rebuild a build's closure in an empty store and compare",
+            json_flag=True)
+    r.add_argument("build_hash")
+    r.add_argument("--keep", action="store_true", help="keep the temporary store")
+    r.add_argument("-q", "--quiet", action="store_true")
+    lk = add("lock", cmd_lock, "pin every external input by sha256 into lock/")
+    lk.add_argument("--check", action="store_true", help="fail if the lock is stale")
+    for name, func, text in (("verify", cmd_verify, "check a tree holds exactly a build's bytes"),
+                             ("apply", cmd_apply, "write a build's files into an installed vLLM")):
+        sp = add(name, func, text, json_flag=name == "verify")
+        sp.add_argument("path", help="site-packages, or a directory holding vllm/")
+        sp.add_argument("--build", help="build hash (default: ./result, else the last build)")
+        if name == "verify":
+            sp.add_argument("--full", action="store_true", help="hash every file, not only "
+                            "the patched ones")
+    ci = add("ci", None, "continuous-integration helpers")
+    ci_sub = ci.add_subparsers(dest="ci_command", required=True, metavar="WHAT")
+    ci_sub.add_parser("matrix", help="GitHub Actions matrix, one entry per CUDA arch"
+                      ).set_defaults(func=cmd_ci_matrix)
+    g = add("gc", cmd_gc, "remove store entries no root reaches")
+    g.add_argument("--dry-run", action="store_true")
+    st = add("store", None, "store maintenance")
+    st_sub = st.add_subparsers(dest="store_command", required=True, metavar="WHAT")
+    st_sub.add_parser("verify", help="re-hash every entry; name any that changed"
+                      ).set_defaults(func=cmd_store_verify)
+    add("lint", cmd_lint, "check the series against the ledger's rules")
+    t = add("table", cmd_table, "write PATCHES.md's table from the patch headers")
+    t.add_argument("--check", action="store_true", help="fail with a diff when stale")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return int(args.func(args))
+    except Qwen38BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        print("error: interrupted; the store is unchanged by the unfinished step",
+              file=sys.stderr)
+        return 130

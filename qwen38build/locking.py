@@ -1,0 +1,43 @@
+"""lock and lock --check: pin the recipe's sources by fetching them once."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from qwen38build import lock as lockmod
+from qwen38build.digest import sha256_file
+from qwen38build.errors import LockError
+from qwen38build.executor import realise
+from qwen38build.plan import fetch_step, locked_vllm
+from qwen38build.recipe import LoadedRecipe
+from qwen38build.report import Reporter
+from qwen38build.steps.fetch import pip_download
+from qwen38build.store import Store
+
+
+def check_lock(loaded: LoadedRecipe) -> None:
+    """Raise LockError naming the entry when the lock does not serve the recipe."""
+    locked_vllm(loaded, lockmod.read(loaded.root))
+
+
+def relock(loaded: LoadedRecipe, store: Store) -> Path:
+    """Fetch the pinned wheel through pip and write lock/ with its sha256 and size."""
+    pin = loaded.recipe.vllm
+    with tempfile.TemporaryDirectory(prefix="q38-lock.") as tmp:
+        wheel = pip_download(pin.name, pin.version, python=loaded.recipe.toolchain.python,
+                             platform=pin.platform_tag, dest=Path(tmp))
+        if wheel.name != pin.wheel_filename:
+            raise LockError(
+                f"pip fetched {wheel.name}, but {loaded.path.name} asks for {pin.wheel_filename}.",
+                hint="check [vllm] python_tag, abi_tag and platform_tag",
+            )
+        entry = lockmod.LockedWheel(
+            name=pin.name, version=pin.version, filename=wheel.name,
+            python_tag=pin.python_tag, abi_tag=pin.abi_tag, platform_tag=pin.platform_tag,
+            sha256=sha256_file(wheel), size=wheel.stat().st_size,
+        )
+        # Keep the download: the next build's fetch takes it by sha256 instead of again.
+        realise([fetch_step(loaded, entry)], store, Reporter(quiet=True),
+                source_dirs=[Path(tmp)])
+    return lockmod.write(loaded.root, [entry])

@@ -1,0 +1,105 @@
+"""recipe + lock → the step graph.
+
+The vLLM graph is ``fetch`` (the locked wheel) → ``patch`` (the series) → ``wheel`` (the
+patched wheel; its digest is the build hash). Parts of the recipe that have no buildable
+content yet are listed as declared, with the reason, and never as steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qwen38build import lock as lockmod
+from qwen38build.digest import sha256_file
+from qwen38build.errors import LockError
+from qwen38build.executor import kind_version
+from qwen38build.recipe import LoadedRecipe
+from qwen38build.step import Step
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A recipe part that is declared but has nothing to build, and why."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    top: Step
+    targets: dict[str, Step]
+    declared: list[Declared] = field(default_factory=list)
+
+    @property
+    def build_hash(self) -> str:
+        return self.top.digest
+
+
+def locked_vllm(loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel]) -> lockmod.LockedWheel:
+    pin = loaded.recipe.vllm
+    entry = locked.get(pin.name)
+    why = lockmod.mismatch(
+        entry, name=pin.name, version=pin.version, python_tag=pin.python_tag,
+        abi_tag=pin.abi_tag, platform_tag=pin.platform_tag,
+    )
+    if why is not None or entry is None:
+        raise LockError(
+            f"{lockmod.lock_path(loaded.root)}: the lock does not match {loaded.path.name}: {why}.",
+            hint="run `qwen38build lock` to re-pin",
+        )
+    return entry
+
+
+def fetch_step(loaded: LoadedRecipe, entry: lockmod.LockedWheel) -> Step:
+    return Step(
+        kind="fetch", version=kind_version("fetch"), name=entry.filename,
+        params={
+            "name": entry.name, "version": entry.version, "filename": entry.filename,
+            "sha256": entry.sha256, "size": entry.size,
+            "python": loaded.recipe.toolchain.python,
+            "platform": entry.platform_tag,
+        },
+    )
+
+
+def make_plan(loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel]) -> Plan:
+    """The whole graph of a recipe; pure but for hashing the patch files."""
+    entry = locked_vllm(loaded, locked)
+    fetch = fetch_step(loaded, entry)
+    series = loaded.series_entries()
+    inputs = tuple((e.row_name, sha256_file(e.path)) for e in series)
+    patch = Step(
+        kind="patch", version=kind_version("patch"), name="series",
+        params={"package": "vllm", "series": [e.row_name for e in series]},
+        inputs=inputs, deps=(("wheel", fetch),),
+        input_paths={e.row_name: e.path for e in series},
+    )
+    wheel = Step(
+        kind="wheel", version=kind_version("wheel"), name=f"{entry.name}-{entry.version}+q38",
+        params={"name": entry.name, "version": entry.version, "package": "vllm"},
+        deps=(("wheel", fetch), ("patched", patch)),
+    )
+    return Plan(
+        top=wheel,
+        targets={"fetch": fetch, "patch": patch, "wheel": wheel},
+        declared=declared_parts(loaded),
+    )
+
+
+def declared_parts(loaded: LoadedRecipe) -> list[Declared]:
+    r, root = loaded.recipe, loaded.root
+    out: list[Declared] = []
+    for g in r.series.groups:
+        if not g.patches:
+            out.append(Declared(f"series group {g.dir}/", "declared, empty: no patches yet"))
+    fa2_diff: Path = root / r.fa2.diff
+    if not fa2_diff.exists() or r.fa2.commit is None:
+        missing = []
+        if r.fa2.commit is None:
+            missing.append("fa2.commit is not pinned")
+        if not fa2_diff.exists():
+            missing.append(f"{r.fa2.diff} does not exist")
+        out.append(Declared("fa2", "declared, not built: " + "; ".join(missing)))
+    return out

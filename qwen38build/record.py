@@ -1,0 +1,99 @@
+"""Build records: each build's closure, kept in the store so it can be reproduced and
+explained after the recipe has moved on; roots that gc keeps; per-step history for ``why``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from qwen38build.errors import UsageError
+from qwen38build.executor import Outcome
+from qwen38build.step import Step, closure
+from qwen38build.store import Store
+
+RECORD_FORMAT = 1
+
+
+def write_build(store: Store, top: Step, outcomes: dict[str, Outcome], root_name: str) -> Path:
+    """Record ``top``'s closure under builds/<hash>.json and make it the root ``root_name``."""
+    steps = []
+    for s in closure(top):
+        entry = outcomes[s.digest].entry
+        steps.append({
+            "digest": s.digest,
+            "derivation": s.derivation(),
+            "tree": entry.meta["tree"],
+            "outputs": {k: v["sha256"] for k, v in entry.outputs.items()},
+        })
+        store.write_json(store.root / "history" / f"{_safe(s.name)}.json",
+                         {"digest": s.digest, "derivation": s.derivation()})
+    for s in closure(top):
+        for name, path in s.input_paths.items():
+            sha = dict(s.inputs)[name]
+            if store.source(sha) is None:
+                store.add_source(path)
+    path = store.builds / f"{top.digest}.json"
+    store.write_json(path, {"format": RECORD_FORMAT, "build": top.digest, "steps": steps})
+    store.write_json(store.roots / f"{_safe(root_name)}.json", {"build": top.digest})
+    return path
+
+
+def read_build(store: Store, build_hash: str) -> dict[str, Any]:
+    """The record of a build, by its full hash or an unambiguous prefix."""
+    matches = sorted(store.builds.glob(f"{build_hash}*.json")) if store.builds.is_dir() else []
+    if not matches or len(build_hash) < 6:
+        raise UsageError(
+            f"no build {build_hash!r} is recorded in the store {store.root}.",
+            hint="give a build hash printed by `qwen38build build` (6 characters at least)",
+        )
+    if len(matches) > 1:
+        raise UsageError(f"build hash prefix {build_hash!r} is ambiguous; give more characters.")
+    data: dict[str, Any] = json.loads(matches[0].read_text())
+    return data
+
+
+def roots(store: Store) -> dict[str, str]:
+    """gc roots: name → build hash."""
+    if not store.roots.is_dir():
+        return {}
+    return {p.stem: json.loads(p.read_text())["build"] for p in sorted(store.roots.glob("*.json"))}
+
+
+def last_built(store: Store, name: str) -> dict[str, Any] | None:
+    p = store.root / "history" / f"{_safe(name)}.json"
+    if not p.exists():
+        return None
+    data: dict[str, Any] = json.loads(p.read_text())
+    return data
+
+
+def derivation_of(store: Store, digest: str) -> dict[str, Any] | None:
+    entry = store.lookup(digest)
+    if entry is not None:
+        drv: dict[str, Any] = entry.meta["derivation"]
+        return drv
+    return None
+
+
+def steps_from_record(record: dict[str, Any]) -> list[Step]:
+    """Rebuild the Step objects of a recorded closure; digests must come out the same."""
+    by_digest: dict[str, Step] = {}
+    out = []
+    for rec in record["steps"]:
+        drv = rec["derivation"]
+        step = Step(
+            kind=drv["kind"], version=drv["version"], name=drv["name"], params=drv["params"],
+            inputs=tuple((k, v) for k, v in drv["inputs"]),
+            deps=tuple((k, by_digest[d]) for k, d in drv["deps"]),
+        )
+        if step.digest != rec["digest"]:
+            raise UsageError(f"the record of {drv['name']} does not hash to its digest.")
+        by_digest[step.digest] = step
+        out.append(step)
+    return out
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.+" else "_" for c in name)

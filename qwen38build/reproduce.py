@@ -1,0 +1,116 @@
+"""reproduce: rebuild a recorded build's whole closure in an empty store and compare.
+
+Only sources cross over: the fetched wheel (by its sha256) and the patch files (kept in the
+store's sources/ by sha256). Every other step runs again from scratch, and every output
+file's sha256 is compared with the record. A difference names the step and the file, with
+a diffoscope report where diffoscope is installed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qwen38build.digest import sha256_file
+from qwen38build.errors import Qwen38BuildError
+from qwen38build.executor import kind_version, realise
+from qwen38build.record import read_build, steps_from_record
+from qwen38build.report import Reporter
+from qwen38build.store import Store, remove_tree
+
+
+@dataclass
+class Difference:
+    step: str
+    digest: str
+    file: str
+    recorded: str | None
+    rebuilt: str | None
+    diffoscope: str = ""
+
+
+@dataclass
+class Result:
+    build: str
+    ok: bool
+    differences: list[Difference] = field(default_factory=list)
+    error: str = ""
+    kept: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {"build": self.build, "reproduced": self.ok, "error": self.error,
+                "differences": [d.__dict__ for d in self.differences]}
+
+    def text(self) -> str:
+        if self.ok:
+            return f"reproduced {self.build}"
+        lines = [f"NOT reproduced {self.build}"]
+        if self.error:
+            lines.append(f"  {self.error}")
+        for d in self.differences:
+            lines.append(f"  step {d.step} ({d.digest[:12]}): {d.file} recorded "
+                         f"{(d.recorded or 'absent')[:12]}, rebuilt {(d.rebuilt or 'absent')[:12]}")
+            if d.diffoscope:
+                lines.append("    " + d.diffoscope.replace("\n", "\n    "))
+        if self.kept:
+            lines.append(f"  rebuilt store kept at {self.kept}")
+        return "\n".join(lines)
+
+
+def reproduce(store: Store, build_hash: str, reporter: Reporter, *, keep: bool = False) -> Result:
+    record = read_build(store, build_hash)
+    steps = steps_from_record(record)
+    result = Result(record["build"], ok=True)
+    for s in steps:
+        if kind_version(s.kind) != s.version:
+            result.ok = False
+            result.error = (f"step {s.name} was built by {s.kind} version {s.version}; this "
+                            f"qwen38build has version {kind_version(s.kind)}")
+            return result
+    tmp = Path(tempfile.mkdtemp(prefix="q38-reproduce."))
+    fresh = Store(tmp / "store")
+    try:
+        try:
+            realise([steps[-1]], fresh, reporter, source_stores=[store])
+        except Qwen38BuildError as exc:
+            result.ok = False
+            result.error = f"the rebuild failed: {exc}"
+            return result
+        recorded = {s["digest"]: s for s in record["steps"]}
+        for s in steps:
+            rec = dict(recorded[s.digest]["outputs"])
+            # Compare with what the store holds now (a tampered entry must show), falling
+            # back on the record for entries gc has removed.
+            held = store.objects / s.digest
+            if held.is_dir():
+                rec = {p.relative_to(held).as_posix(): sha256_file(p)
+                       for p in sorted(held.rglob("*")) if p.is_file()}
+            entry = fresh.lookup(s.digest)
+            assert entry is not None
+            got = {k: v["sha256"] for k, v in entry.outputs.items()}
+            for name in sorted(set(rec) | set(got)):
+                if rec.get(name) != got.get(name):
+                    diff = Difference(s.name, s.digest, name, rec.get(name), got.get(name))
+                    diff.diffoscope = _diffoscope(store.objects / s.digest / name,
+                                                  entry.path / name)
+                    result.differences.append(diff)
+        result.ok = not result.differences
+        return result
+    finally:
+        if keep or not result.ok:
+            result.kept = str(fresh.root)
+        else:
+            remove_tree(tmp)
+
+
+def _diffoscope(a: Path, b: Path) -> str:
+    tool = shutil.which("diffoscope")
+    if tool is None or not a.exists() or not b.exists():
+        return ""
+    proc = subprocess.run([tool, "--text", "-", str(a), str(b)], capture_output=True,
+                          text=True, check=False, timeout=600)
+    return proc.stdout[-4000:]

@@ -1,0 +1,89 @@
+"""patch: apply the series, in order, to the members of the pristine wheel it touches.
+
+Only the files the series names are extracted (a few dozen of 5,000); the output is that
+small tree after patching plus ``patch.json``: for each file its pristine and patched sha256
+and the patches that own it (in order), and for each patch the hunks that needed an offset.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from qwen38build.digest import sha256_bytes, sha256_file
+from qwen38build.executor import Context
+from qwen38build.gnupatch import describe_failure, run_patch
+from qwen38build.patchfile import PatchFile
+
+KIND = "patch"
+VERSION = 1
+REPORT = "patch.json"
+TREE = "tree"
+
+
+def run(ctx: Context) -> None:
+    package = str(ctx.step.params["package"])
+    series = [str(s) for s in ctx.step.params["series"]]
+    wheel_entry = ctx.dep_entry("wheel")
+    wheel = next(wheel_entry.path.glob("*.whl"))
+    patches = [PatchFile.parse(ctx.input_path(name)) for name in series]
+    work = ctx.scratch / "vllm"
+    work.mkdir(parents=True)
+    pristine: dict[str, str | None] = {}
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        for pf in patches:
+            for rel in pf.touched_paths:
+                if rel in pristine:
+                    continue
+                member = f"{package}/{rel}"
+                if member in names:
+                    data = z.read(member)
+                    target = work / rel
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(data)
+                    pristine[rel] = sha256_bytes(data)
+                else:
+                    pristine[rel] = None
+    owners: dict[str, list[str]] = {rel: [] for rel in pristine}
+    report: list[dict[str, Any]] = []
+    for name, pf in zip(series, patches, strict=True):
+        ctx.report(f"applying {name}")
+        result = run_patch(pf.path, work)
+        if not result.ok:
+            raise describe_failure(pf, result, work)
+        for f in pf.files:
+            owners[f.path].append(name)
+            if f.old_path and f.old_path != f.path:
+                owners[f.old_path].append(name)
+        report.append({
+            "patch": name,
+            "offsets": [
+                {"file": h.file, "hunk": h.number, "line": h.line, "offset": h.offset}
+                for h in result.offsets
+            ],
+        })
+    files: dict[str, Any] = {}
+    tree = ctx.out / TREE
+    for rel in sorted(pristine):
+        src = work / rel
+        patched = sha256_file(src) if src.exists() else None
+        files[rel] = {"pristine": pristine[rel], "patched": patched, "owners": owners[rel]}
+        if patched is not None:
+            dest = tree / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(src.read_bytes())
+    (ctx.out / REPORT).write_text(
+        json.dumps({"package": package, "files": files, "patches": report}, indent=1,
+                   sort_keys=True)
+    )
+    if not tree.exists():
+        tree.mkdir()
+
+
+def read_report(out: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((out / REPORT).read_text())
+    return data
+

@@ -1,0 +1,159 @@
+"""verify and apply: an installed tree against the exact bytes of a build.
+
+The build's manifest knows the sha256 of every file the series owns and the RECORD of
+every other file. Verifying hashes the owned files and checks every other file by name and
+size (``full=True`` hashes them all); each difference is named with the patches that own it.
+Exact where the old reverse dry-run was not: two patches on one file are one final hash.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qwen38build.digest import sha256_file
+from qwen38build.errors import InputError
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: str  # relative to the package's parent (e.g. vllm/envs.py)
+    kind: str  # drifted | missing | extra | not-deleted
+    owners: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        owned = f" (owned by {', '.join(self.owners)})" if self.owners else ""
+        return f"{self.kind}: {self.path}{owned}"
+
+
+def find_package(path: Path, package: str) -> Path:
+    """``path`` itself if it is the package dir, else ``path/<package>``."""
+    if (path / package).is_dir():
+        return path / package
+    if path.name == package and path.is_dir():
+        return path
+    raise InputError(
+        f"{path}: holds no {package}/ package.",
+        hint="give a site-packages directory or the package directory itself",
+    )
+
+
+def _b64(sha256_hex: str) -> str:
+    raw = bytes.fromhex(sha256_hex)
+    return "sha256=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def verify_tree(path: Path, manifest: dict[str, Any], *, full: bool = False) -> list[Problem]:
+    package = str(manifest["package"])
+    pkg = find_package(path, package)
+    owned: dict[str, Any] = manifest["owned"]
+    record: dict[str, list[Any]] = {
+        k: v for k, v in manifest["record"].items() if k.startswith(package + "/")
+    }
+    problems: list[Problem] = []
+    for rel, rec in sorted(owned.items()):
+        p = pkg / rel
+        owners = tuple(rec["owners"])
+        name = f"{package}/{rel}"
+        if rec["patched"] is None:
+            if p.exists():
+                problems.append(Problem(name, "not-deleted", owners))
+        elif not p.is_file():
+            problems.append(Problem(name, "missing", owners))
+        elif sha256_file(p) != rec["patched"]:
+            problems.append(Problem(name, "drifted", owners))
+    present: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(pkg):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        rel_dir = Path(dirpath).relative_to(pkg.parent).as_posix()
+        present.update(f"{rel_dir}/{f}" for f in filenames if not f.endswith(".pyc"))
+    owned_names = {f"{package}/{r}" for r in owned}
+    for name in sorted(set(record) - present - owned_names):
+        problems.append(Problem(name, "missing"))
+    for name in sorted(present - set(record) - owned_names):
+        problems.append(Problem(name, "extra"))
+    for name in sorted((set(record) & present) - owned_names):
+        rec_hash, size = record[name]
+        p = pkg.parent / name
+        if p.stat().st_size != int(size) or (full and _b64(sha256_file(p)) != rec_hash):
+            problems.append(Problem(name, "drifted"))
+    return problems
+
+
+def installed_version(site: Path, name: str) -> tuple[str, Path]:
+    """The version of ``name`` installed in ``site``, from its dist-info METADATA."""
+    found = sorted(site.glob(f"{name}-*.dist-info"))
+    if len(found) != 1:
+        raise InputError(
+            f"{site}: expected one {name}-*.dist-info, found {len(found)}.",
+            hint="give the site-packages directory of a venv with vLLM installed",
+        )
+    for line in (found[0] / "METADATA").read_text().splitlines():
+        if line.startswith("Version: "):
+            return line[len("Version: "):].strip(), found[0]
+    raise InputError(f"{found[0]}/METADATA: no Version line.")
+
+
+def apply_tree(site: Path, manifest: dict[str, Any], built_tree: Path) -> list[str]:
+    """Write the build's files into an installed vLLM of the same pin; returns what changed."""
+    package, version = str(manifest["package"]), str(manifest["version"])
+    have, dist_info = installed_version(site, str(manifest["name"]))
+    if have.split("+", 1)[0] != version:
+        raise InputError(
+            f"{site}: vLLM {have} is installed, but this build is of {version}; refused.",
+            hint=f"install vllm=={version} first, or build the recipe for {have}",
+        )
+    pkg = find_package(site, package)
+    changed: list[str] = []
+    updates: dict[str, tuple[str, int] | None] = {}
+    for rel, rec in sorted(manifest["owned"].items()):
+        target = pkg / rel
+        name = f"{package}/{rel}"
+        if rec["patched"] is None:
+            if target.exists():
+                target.unlink()
+                changed.append(name)
+                updates[name] = None
+            continue
+        if target.is_file() and sha256_file(target) == rec["patched"]:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.q38tmp")
+        shutil.copyfile(built_tree / rel, tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+        changed.append(name)
+        updates[name] = (_b64(rec["patched"]), target.stat().st_size)
+    if updates:
+        _update_record(dist_info / "RECORD", updates)
+    return changed
+
+
+def _update_record(record: Path, updates: dict[str, tuple[str, int] | None]) -> None:
+    """Keep the installed RECORD true for the files apply wrote (pip reads it)."""
+    rows = list(csv.reader(io.StringIO(record.read_text())))
+    seen: set[str] = set()
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    for row in rows:
+        if row and row[0] in updates:
+            seen.add(row[0])
+            new = updates[row[0]]
+            if new is not None:
+                w.writerow([row[0], new[0], new[1]])
+        elif row:
+            w.writerow(row)
+    for name in sorted(set(updates) - seen):
+        new = updates[name]
+        if new is not None:
+            w.writerow([name, new[0], new[1]])
+    tmp = record.with_name(".RECORD.q38tmp")
+    tmp.write_text(out.getvalue())
+    os.replace(tmp, record)
+
