@@ -199,3 +199,23 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+def tree_before(pristine: Path, dest: Path, topic: str) -> Path:
+    """A copy of the pristine files with the series applied up to, not including, ``topic``."""
+    import shutil
+    import subprocess
+
+    from .conftest import PATCHES_DIR, SERIES
+
+    tree = dest / f"before-{topic}"
+    shutil.copytree(pristine, tree)
+    for name in SERIES[: SERIES.index(topic)]:
+        patch = PATCHES_DIR / f"{name}.patch"
+        if not patch.exists():
+            continue
+        subprocess.run(
+            ["patch", "-p1", "--fuzz", "0", "--forward", "--batch", "--quiet", "-i", str(patch)],
+            cwd=tree, check=True, capture_output=True,
+        )
+    return tree
