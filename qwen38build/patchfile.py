@@ -189,7 +189,7 @@ class PatchFile:
         written by :func:`format_headers`; the diff is written as it was read.
         """
         parts: list[str] = []
-        if self.prose.strip():
+        if not _is_blank(self.prose.replace("\n", "")):
             parts.append(self.prose.rstrip("\n") + "\n\n")
         if self.headers:
             parts.append(format_headers(self.headers) + "\n")
@@ -223,7 +223,7 @@ def _value_lines(value: str) -> list[str]:
     """
     first, *rest = value.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     cont = [ln.strip(" ") for ln in rest]
-    return [first.rstrip(" "), *(ln for ln in cont if ln)]
+    return [first.rstrip(" "), *(ln for ln in cont if not _is_blank(ln))]
 
 
 def format_headers(headers: dict[str, str]) -> str:
@@ -250,8 +250,13 @@ def parse_headers(lines: list[str], *, path: Path, first_line: int) -> dict[str,
     return headers
 
 
+def _is_blank(line: str) -> bool:
+    """Blank means spaces and tabs only; other whitespace is content (a value may hold it)."""
+    return not line.strip(" \t")
+
+
 def _is_continuation(line: str) -> bool:
-    return line.startswith(" ") and bool(line.strip(" "))
+    return line.startswith(" ") and not _is_blank(line)
 
 
 def _parse_header_block(
@@ -289,7 +294,7 @@ def _parse_header_block(
 def _split_preamble(preamble: list[str]) -> tuple[list[str], list[str], int]:
     """Split the text above the marker into prose and the trailing header block."""
     end = len(preamble)
-    while end and not preamble[end - 1].strip():
+    while end and _is_blank(preamble[end - 1]):
         end -= 1
     start = end
     while start:
@@ -355,6 +360,8 @@ def _is_diff_start(line: str) -> bool:
 def _parse_diff(
     lines: list[str], *, first_line: int, problems: list[Problem]
 ) -> tuple[FileDiff, ...]:
+    if lines and lines[-1] == "":
+        lines = lines[:-1]  # the text's final newline ends the last line; it is not a line
     files: list[FileDiff] = []
     i = 0
     n = len(lines)
