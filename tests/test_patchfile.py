@@ -31,7 +31,7 @@ DIFF = (
 
 keys = st.from_regex(r"[A-Z][A-Za-z0-9-]{0,12}", fullmatch=True)
 # A line of a value: anything but a line break (|, backticks, unicode, tabs included).
-line_text = st.text(st.characters(exclude_characters="\n\r", exclude_categories=("Cs",)))
+line_text = st.text(st.characters(exclude_characters="\n\r", exclude_categories=["Cs"]))
 first_line = line_text.map(lambda s: s.rstrip(" "))
 cont_line = line_text.map(lambda s: s.strip(" ")).filter(lambda s: bool(s.strip(" \t")))
 canonical_value = st.builds(
@@ -140,8 +140,8 @@ def test_crlf_is_kept_in_the_diff_and_dropped_from_the_headers() -> None:
 
 
 def test_duplicate_header_is_reported_with_both_lines() -> None:
-    pf = PatchFile.parse(FAKE, _file("", {"Kind": "fix"}).replace("Kind: fix", "Kind: fix\nKind: own"),
-                         strict=False)
+    text = _file("", {"Kind": "fix"}).replace("Kind: fix", "Kind: fix\nKind: own")
+    pf = PatchFile.parse(FAKE, text, strict=False)
     assert pf.headers["Kind"] == "fix"
     assert [(p.line, p.rule, p.message) for p in pf.problems] == [
         (2, "headers", "header 'Kind' appears twice (first at line 1).")
