@@ -130,7 +130,7 @@ def test_missing_markers_are_an_input_error(tmp_path: Path) -> None:
     loaded = _loaded(tmp_path, {"t": ROW})
     md = tmp_path / "PATCHES.md"
     md.write_text("no table here\n", encoding="utf-8")
-    with pytest.raises(InputError, match="no '<!-- table:begin ... -->' line"):
+    with pytest.raises(InputError, match=re.escape("no '<!-- table:begin ... -->' line")):
         table.check(loaded, md)
     md.write_text("<!-- table:begin -->\nrows\n", encoding="utf-8")
     with pytest.raises(InputError, match=r"PATCHES.md:1: the table begins here"):
@@ -138,7 +138,7 @@ def test_missing_markers_are_an_input_error(tmp_path: Path) -> None:
 
 
 def test_seed_ledger_is_left_as_it_is_when_its_table_is_current(tmp_path: Path) -> None:
-    lines, rows = seed_rows()
+    _, rows = seed_rows()
     groups: dict[str, list[str]] = {"patches": [], "kvarn": []}
     for name, *values in rows:
         group, _, topic = name.rpartition("/")
