@@ -70,14 +70,21 @@ def timed(fn_list, reps: int = 15) -> tuple[float, str]:
 
 
 def copy_bandwidth() -> float:
+    """Best of a few large device-to-device copies (uint8 and fp32 views of 4 GiB)."""
     n = 4 << 30
     x = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
-    t, _ = timed([lambda: y.copy_(x)], reps=20)
-    return 2 * n / t
+    best = 0.0
+    for xs, ys in ((x, y), (x.view(torch.float32), y.view(torch.float32))):
+        t, _ = timed([lambda xs=xs, ys=ys: ys.copy_(xs)], reps=20)
+        best = max(best, 2 * n / t)
+    del x, y
+    torch.cuda.empty_cache()
+    return best
 
 
-def bench_pthfa(b: int, ctx: int, gen: torch.Generator) -> tuple[float, int, str]:
+def bench_pthfa(b: int, ctx: int, gen: torch.Generator,
+                part_size: int | None = None) -> tuple[float, int, str]:
     nblk = ctx // BS
     case_bytes = b * ctx * KVH * (2 * D + 8)
     sets = max(1, min(64, math.ceil(ROT_BYTES / case_bytes)))
@@ -96,7 +103,7 @@ def bench_pthfa(b: int, ctx: int, gen: torch.Generator) -> tuple[float, int, str
     outs = [torch.empty_like(q) for q in qs]
     fns = [
         (lambda i=i: pthfa.decode(qs[i], k_cache, v_cache, k_scale, v_scale, tables[i], lens,
-                                  max_seq_len=ctx, out=outs[i]))
+                                  max_seq_len=ctx, out=outs[i], part_size=part_size))
         for i in range(sets)
     ]
     t, how = timed(fns)
@@ -165,6 +172,15 @@ def main() -> int:
             lines.append(row)
             sys.stdout.write(row + f"  <!-- pthfa timing: {howp} -->\n")
             sys.stdout.flush()
+    lines.append("")
+    lines.append("Partition size sweep, batch 64, context 8192 (default: auto):")
+    for p in (64, 128, 256, 512):
+        try:
+            tp, bp, _ = bench_pthfa(64, 8192, gen, part_size=p)
+            lines.append(f"- part_size {p}: {tp * 1e6:.1f} us, {bp / tp / 1e9:.0f} GB/s")
+        except Exception as exc:  # noqa: BLE001
+            lines.append(f"- part_size {p}: failed: {exc}")
+        torch.cuda.empty_cache()
     text = "\n".join(lines) + "\n"
     sys.stdout.write("\n" + text)
     if args.out:

@@ -68,14 +68,37 @@ def _module(device: int) -> Any:
         return mod
 
 
+_STREAMS: dict[tuple[int, int], Any] = {}
+
+
+def _cupy_stream(device: int, ptr: int) -> Any:
+    """A CuPy view of torch's stream ``ptr`` (cached; no new stream is created)."""
+    key = (device, ptr)
+    st = _STREAMS.get(key)
+    if st is None:
+        import warnings
+
+        import cupy
+
+        with warnings.catch_warnings():
+            # CuPy 14 deprecates ExternalStream in favour of Stream.from_external, which
+            # wants an object with __cuda_stream__; a raw pointer is what torch gives.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            st = cupy.cuda.ExternalStream(ptr, device)
+        _STREAMS[key] = st
+    return st
+
+
 def _launch(device: int, name: str, grid: tuple[int, ...], block: tuple[int, ...],
             args: tuple[Any, ...], shared_mem: int = 0) -> None:
     import cupy
     import torch
 
     fn = _module(device).get_function(name)
+    if shared_mem > V.SMEM_DEFAULT and fn.max_dynamic_shared_size_bytes < shared_mem:
+        fn.max_dynamic_shared_size_bytes = shared_mem
     stream = torch.cuda.current_stream(device)
-    with cupy.cuda.Device(device), cupy.cuda.ExternalStream(stream.cuda_stream, device):
+    with cupy.cuda.Device(device), _cupy_stream(device, stream.cuda_stream):
         fn(grid, block, args, shared_mem=shared_mem)
 
 

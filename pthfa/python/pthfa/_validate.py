@@ -13,10 +13,11 @@ from typing import Any
 HEAD_DIMS = (64, 128, 256)
 GQA_RATIOS = (1, 2, 4, 8)
 FLOAT_DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
-PART_SIZES = (512, 256, 128, 64, 32, 16)
 THREADS = 128
 WARPS = THREADS // 32
-SMEM_LIMIT = 48 * 1024
+SMEM_DEFAULT = 48 * 1024  # above this a launch must raise the dynamic limit
+SMEM_LIMIT = 227 * 1024  # sm_80/sm_90 opt-in maximum per block
+KV_TILE_BYTES = 32 * 1024  # default: K+V rows of one partition in shared memory
 
 
 def _is_tensor(x: Any) -> bool:
@@ -214,32 +215,35 @@ def check_decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: 
 def smem_bytes(part_size: int, block_size: int, gqa: int, head_dim: int) -> int:
     """Dynamic shared memory of the partition kernel (must match decode.cu)."""
     bt_cap = ((part_size // block_size) + 3) & ~3
-    return 4 * (bt_cap + max(part_size * gqa, WARPS * gqa * head_dim))
+    kv = max(2 * part_size * head_dim, 4 * WARPS * gqa * head_dim)
+    return 4 * (bt_cap + 2 * part_size + part_size * gqa) + kv
 
 
 def check_part_size(part_size: Any, block_size: int, gqa: int, head_dim: int) -> int:
     if not isinstance(part_size, int) or isinstance(part_size, bool):
         raise TypeError(f"part_size must be an int, got {type(part_size).__name__}")
-    if part_size <= 0 or part_size & (part_size - 1):
-        raise ValueError(f"part_size must be a power of two, got {part_size}")
+    if part_size < 16 or part_size & (part_size - 1):
+        raise ValueError(f"part_size must be a power of two >= 16, got {part_size}")
     if part_size < block_size:
         raise ValueError(f"part_size {part_size} is smaller than block_size {block_size}")
-    if smem_bytes(part_size, block_size, gqa, head_dim) > SMEM_LIMIT:
-        raise ValueError(f"part_size {part_size} needs more than 48 KiB of shared memory "
-                         f"at GQA ratio {gqa}")
+    need = smem_bytes(part_size, block_size, gqa, head_dim)
+    if need > SMEM_LIMIT:
+        raise ValueError(f"part_size {part_size} needs {need} bytes of shared memory, more "
+                         f"than {SMEM_LIMIT}")
     return part_size
 
 
 def choose_part_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int,
                      gqa: int, head_dim: int, num_sms: int) -> int:
-    """The largest partition that still gives about 2 CTAs per SM (flash-decoding split)."""
-    cands = [p for p in PART_SIZES if p >= max(block_size, 64)
-             and smem_bytes(p, block_size, gqa, head_dim) <= SMEM_LIMIT] or [block_size]
-    want = 2 * num_sms
-    for p in cands:
-        if num_seqs * num_kv_heads * -(-max(max_seq_len, 1) // p) >= want:
-            return p
-    return cands[-1]
+    """Tokens per CTA: K+V rows fill KV_TILE_BYTES of shared memory, halved (down to 64)
+    while the grid would have fewer than 2 CTAs per SM; never below block_size."""
+    top = max(KV_TILE_BYTES // (2 * head_dim), block_size)
+    p = top
+    while p // 2 >= max(64, block_size):
+        if num_seqs * num_kv_heads * -(-max(max_seq_len, 1) // p) >= 2 * num_sms:
+            break
+        p //= 2
+    return p
 
 
 def check_max_seq_len(max_seq_len: Any, args: DecodeArgs) -> int:
