@@ -47,6 +47,7 @@ SERIES = [
 # Package files the tests load beyond those the series touches (relative to vllm/).
 EXTRA_MEMBERS: list[str] = [
     "entrypoints/openai/models/protocol.py",
+    "scalar_type.py",
 ]
 
 _TARGET_RE = re.compile(r"^\+\+\+ b/(\S+)$", re.MULTILINE)
