@@ -297,7 +297,10 @@ def _headers(ctx: _Context, entry: SeriesEntry, pf: PatchFile) -> Iterator[Findi
 
 def _marker(ctx: _Context, path: Path, pf: PatchFile) -> Iterator[Finding]:
     if pf.marker is None:
-        after_headers = pf.header_line + len(pf.headers) if pf.header_line else 1
+        after_headers = 1
+        if pf.header_lines:
+            last = max(pf.header_lines, key=pf.header_lines.__getitem__)
+            after_headers = pf.header_lines[last] + pf.headers[last].count("\n") + 1
         yield ctx.finding(
             path, after_headers, "headers",
             "the '--- exported from <commit> (<topic>)' marker line is missing, so nothing "
