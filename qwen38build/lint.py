@@ -497,13 +497,15 @@ def _hunk_whitespace(
             )
     # git apply's blank-at-eof: a hunk with no trailing context ends at the end of the file,
     # so blank lines it adds last are added at the end of the file.
-    body = [ln for ln in hunk.lines if not ln.startswith("\\")]
-    if body and body[-1].startswith("+") and not body[-1][1:].strip():
-        k = len(body)
-        while k and body[k - 1].startswith("+") and not body[k - 1][1:].strip():
-            k -= 1
+    body = [(k, ln) for k, ln in enumerate(hunk.lines) if not ln.startswith("\\")]
+    first_blank: int | None = None
+    for k, ln in reversed(body):
+        if not (ln.startswith("+") and not ln[1:].strip()):
+            break
+        first_blank = k
+    if first_blank is not None:
         yield ctx.finding(
-            pf.path, hunk.patch_line + 1 + k, "diff-hygiene",
+            pf.path, hunk.patch_line + 1 + first_blank, "diff-hygiene",
             f"the hunk adds blank lines at the end of {fd.path}.", ws_hint,
         )
 
