@@ -70,12 +70,12 @@ def cmd_build(args: argparse.Namespace) -> int:
     from qwen38build.report import make_reporter
 
     loaded = load_recipe(args)
+    plan = load_plan(loaded)  # checks the lock first: a stale lock is bad input (exit 2)
     findings = lint.check(loaded)
     if findings:
         for f in findings:
             print(f"lint: {f}", file=sys.stderr)
         raise _lint_failed(len(findings))
-    plan = load_plan(loaded)
     reporter = make_reporter(quiet=args.quiet)
     outcomes = realise([plan.top], store, reporter)
     record.write_build(store, plan.top, outcomes, root_name=_root_name(loaded))

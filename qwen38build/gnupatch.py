@@ -104,8 +104,12 @@ def parse_report(out: str) -> list[HunkResult]:
 
 
 def context_elsewhere(hunk: Hunk, target: Path) -> list[int]:
-    """1-based lines of ``target`` where the hunk's expected lines stand (exactly)."""
-    want = hunk.old_lines
+    """1-based lines of ``target`` where the lines the hunk removes stand (exactly).
+
+    At fuzz 0 GNU patch already tries every offset for the whole hunk, so a failed hunk's
+    full context is nowhere; what helps is where the changed lines went.
+    """
+    want = [ln[1:] for ln in hunk.lines if ln[:1] == "-"] or hunk.old_lines
     if not want:
         return []
     try:
@@ -126,11 +130,11 @@ def describe_failure(pf: PatchFile, result: ApplyResult, tree: Path) -> PatchFai
         if hunk is not None:
             found = context_elsewhere(hunk, tree / h.file)
             if found:
-                where = "; its context stands elsewhere in the file, at line " + ", ".join(
+                where = "; the lines it changes stand at line " + ", ".join(
                     map(str, found)
-                ) + " (the hunk's lines changed near it, or it needs fuzz)"
+                ) + " of the file, with other context around them"
             else:
-                where = "; its context is nowhere in the file (upstream changed these lines)"
+                where = "; the lines it changes are nowhere in the file (upstream changed them)"
             where += f" [{pf.path.name}:{hunk.patch_line}]"
         lines.append(f"  {h.file}: hunk #{h.number} at line {h.line} FAILED{where}")
     if result.reversed:

@@ -78,8 +78,8 @@ class PatchedWheel:
         replace: Mapping[str, bytes],
         delete: set[str],
         dist_info_files: Mapping[str, bytes],
-    ) -> dict[str, str]:
-        """Write the wheel to ``out``; returns its RECORD as ``{member: sha256 record hash}``.
+    ) -> dict[str, tuple[str, int]]:
+        """Write the wheel to ``out``; returns its RECORD as ``{member: (hash, size)}``.
 
         ``replace`` maps existing or new member names to their content; ``dist_info_files``
         replaces files of the dist-info (by base name) under the new dist-info name.
@@ -123,7 +123,7 @@ class PatchedWheel:
         writer.writerow([new_record, "", ""])
         members.append(_Member(new_record, meta_time, lines.getvalue().encode()))
         self._emit(out, members, meta_time)
-        return record
+        return {name: (record[name], sizes[name]) for name in record}
 
     def _emit(self, out: Path, members: list[_Member], default: zipfile.ZipInfo) -> None:
         ordered = sorted(self.infos.values(), key=lambda i: i.header_offset)

@@ -20,7 +20,7 @@ from qwen38build.steps import patch as patch_step
 from qwen38build.wheelzip import PatchedWheel, record_hash
 
 KIND = "wheel"
-VERSION = 1
+VERSION = 2
 MANIFEST = "manifest.json"
 LABEL = "q38"
 
@@ -70,7 +70,7 @@ def run(ctx: Context) -> None:
         "dist_info": new_dist_info,
         "owned": report["files"],
         "patches": report["patches"],
-        "record": {k: v for k, v in sorted(record.items())},
+        "record": {k: list(v) for k, v in sorted(record.items())},
     }
     (ctx.out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
 
@@ -86,7 +86,7 @@ def _relabel(metadata: bytes, old: str, new: str) -> bytes:
     raise CheckFailed(f"the pristine METADATA has no 'Version: {old}' line; refusing to relabel.")
 
 
-def _check(wheel: Path, replace: dict[str, bytes], record: dict[str, str]) -> None:
+def _check(wheel: Path, replace: dict[str, bytes], record: dict[str, tuple[str, int]]) -> None:
     """Read the written wheel back: patched members intact, RECORD covering every member."""
     with zipfile.ZipFile(wheel) as z:
         names = [n for n in z.namelist() if not n.endswith("/RECORD")]
