@@ -17,7 +17,6 @@ THREADS = 128
 WARPS = THREADS // 32
 SMEM_DEFAULT = 48 * 1024  # above this a launch must raise the dynamic limit
 SMEM_LIMIT = 227 * 1024  # sm_80/sm_90 opt-in maximum per block
-KV_TILE_BYTES = 32 * 1024  # default: K+V rows of one partition in shared memory
 
 
 def _is_tensor(x: Any) -> bool:
@@ -215,8 +214,7 @@ def check_decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: 
 def smem_bytes(part_size: int, block_size: int, gqa: int, head_dim: int) -> int:
     """Dynamic shared memory of the partition kernel (must match decode.cu)."""
     bt_cap = ((part_size // block_size) + 3) & ~3
-    kv = max(2 * part_size * head_dim, 4 * WARPS * gqa * head_dim)
-    return 4 * (bt_cap + 2 * part_size + part_size * gqa) + kv
+    return 4 * (bt_cap + max(part_size * gqa, WARPS * gqa * head_dim))
 
 
 def check_part_size(part_size: Any, block_size: int, gqa: int, head_dim: int) -> int:
@@ -235,15 +233,14 @@ def check_part_size(part_size: Any, block_size: int, gqa: int, head_dim: int) ->
 
 def choose_part_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int,
                      gqa: int, head_dim: int, num_sms: int) -> int:
-    """Tokens per CTA: K+V rows fill KV_TILE_BYTES of shared memory, halved (down to 64)
-    while the grid would have fewer than 2 CTAs per SM; never below block_size."""
-    top = max(KV_TILE_BYTES // (2 * head_dim), block_size)
-    p = top
-    while p // 2 >= max(64, block_size):
+    """The largest partition (512 down to 64 tokens, never below block_size) that still gives
+    the grid at least 2 CTAs per SM: the flash-decoding split."""
+    cands = [p for p in (512, 256, 128, 64) if p >= block_size
+             and smem_bytes(p, block_size, gqa, head_dim) <= SMEM_DEFAULT] or [block_size]
+    for p in cands:
         if num_seqs * num_kv_heads * -(-max(max_seq_len, 1) // p) >= 2 * num_sms:
-            break
-        p //= 2
-    return p
+            return p
+    return cands[-1]
 
 
 def check_max_seq_len(max_seq_len: Any, args: DecodeArgs) -> int:
