@@ -646,3 +646,16 @@ def test_project_series_passes_every_rule() -> None:
             pytest.skip(f"{len(unread)} knob reads need pristine envs.py to clear; "
                         f"set QWEN38_VLLM_WHEEL to the {WHEEL}")
     assert findings == [], "\n".join(f"{f}\n  hint: {f.hint}" for f in findings)
+
+
+CASES = Path(__file__).resolve().parent / "lint_cases"
+
+
+@pytest.mark.parametrize("case", sorted(p.name for p in CASES.iterdir() if p.is_dir()))
+def test_scenario_report_matches_its_transcript(case: str) -> None:
+    """Each scenario's report (finding and hint lines) is the one in its expected.txt."""
+    folder = CASES / case
+    findings = check(load_for_lint(folder / "recipe.toml"),
+                     pristine_knobs=frozenset({"VLLM_HOST_IP"}))
+    report = "".join(f"{f}\n  hint: {f.hint}\n" for f in findings)
+    assert report == (folder / "expected.txt").read_text(encoding="utf-8")
