@@ -1,0 +1,156 @@
+"""pthfa's argument checks, on stand-in tensors: no torch, CuPy or GPU needed."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pthfa" / "python"))
+
+from pthfa import _validate as V  # noqa: E402
+from pthfa import find_cubin  # noqa: E402
+
+
+@dataclass
+class Dev:
+    type: str = "cuda"
+    index: int | None = 0
+
+
+@dataclass
+class T:
+    shape: tuple[int, ...]
+    dtype: str = "torch.bfloat16"
+    device: Dev = field(default_factory=Dev)
+    contiguous: bool = True
+    strides: tuple[int, ...] | None = None
+
+    def stride(self) -> tuple[int, ...]:
+        if self.strides is not None:
+            return self.strides
+        out, acc = [], 1
+        for s in reversed(self.shape):
+            out.append(acc)
+            acc *= s
+        return tuple(reversed(out))
+
+    def is_contiguous(self) -> bool:
+        return self.contiguous
+
+
+NB, BS, KVH, D, S, H = 10, 16, 2, 128, 3, 8
+
+
+def cache() -> dict[str, T]:
+    return {"k_cache": T((NB, BS, KVH, D), "torch.int8"), "v_cache": T((NB, BS, KVH, D), "torch.int8"),
+            "k_scale": T((NB, BS, KVH), "torch.float32"), "v_scale": T((NB, BS, KVH), "torch.float32")}
+
+
+def dec(**over: object) -> dict[str, object]:
+    args: dict[str, object] = {"query": T((S, H, D)), **cache(),
+                               "block_tables": T((S, 5), "torch.int32"),
+                               "seq_lens": T((S,), "torch.int32")}
+    args.update(over)
+    return args
+
+
+def quant(**over: object) -> dict[str, object]:
+    args: dict[str, object] = {"key": T((7, KVH, D)), "value": T((7, KVH, D)), **cache(),
+                               "slot_mapping": T((7,), "torch.int64")}
+    args.update(over)
+    return args
+
+
+def test_decode_ok() -> None:
+    a = V.check_decode(**dec())
+    assert (a.dtype, a.gqa, a.block_size, a.bt_stride, a.head_dim) == ("bf16", 4, 16, 5, 128)
+
+
+def test_quantize_ok_strided_view() -> None:
+    key = T((7, KVH, D), contiguous=False, strides=(6 * KVH * D, D, 1))
+    a = V.check_quantize(**quant(key=key))
+    assert a.key_strides == (6 * KVH * D, D) and a.value_strides == (KVH * D, D)
+
+
+@pytest.mark.parametrize("over,exc,msg", [
+    ({"query": 3}, TypeError, "query must be a torch.Tensor, got int"),
+    ({"query": T((S, H, D), "torch.float32")}, ValueError, "query must have dtype"),
+    ({"query": T((S, H))}, ValueError, "query must be 3-D"),
+    ({"query": T((S, H, 64))}, ValueError, "head_dim 64 does not match"),
+    ({"query": T((S, 7, D))}, ValueError, "not a multiple of num_kv_heads"),
+    ({"query": T((S, 32, D))}, ValueError, "GQA ratios"),
+    ({"query": T((S, H, D), contiguous=False)}, ValueError, "query must be contiguous"),
+    ({"query": T((S, H, D), device=Dev("cpu", None))}, ValueError, "must be on a CUDA device"),
+    ({"seq_lens": T((S,), device=Dev("cuda", 1), dtype="torch.int32")}, ValueError,
+     "seq_lens is on cuda:1 but query is on cuda:0"),
+    ({"seq_lens": T((S,), "torch.int64")}, ValueError, "seq_lens must have dtype torch.int32"),
+    ({"seq_lens": T((S + 1,), "torch.int32")}, ValueError, "seq_lens has 4 entries for 3"),
+    ({"block_tables": T((S, 5), "torch.int64")}, ValueError, "block_tables must have dtype"),
+    ({"block_tables": T((S + 1, 5), "torch.int32")}, ValueError, "block_tables has 4 rows"),
+    ({"block_tables": T((S, 5), "torch.int32", strides=(1, S))}, ValueError,
+     "block_tables' last dimension must be contiguous"),
+    ({"k_cache": T((NB, BS, KVH, D), "torch.uint8")}, ValueError, "k_cache must have dtype"),
+    ({"v_cache": T((NB, BS, KVH, 64), "torch.int8")}, ValueError, "they must match"),
+    ({"k_scale": T((NB, BS), "torch.float32")}, ValueError, "k_scale must have shape"),
+    ({"v_scale": T((NB, BS, KVH), "torch.float16")}, ValueError, "v_scale must have dtype"),
+    ({"k_cache": T((NB, BS, KVH, D), "torch.int8", contiguous=False)}, ValueError,
+     "k_cache must be contiguous"),
+    ({"out": T((S, H, D), "torch.float16")}, ValueError, "out has dtype torch.float16"),
+    ({"out": T((S, H, D + 1))}, ValueError, "out must have shape"),
+])
+def test_decode_rejects(over: dict[str, object], exc: type[Exception], msg: str) -> None:
+    with pytest.raises(exc, match=msg.replace("(", r"\(").replace("[", r"\[")):
+        V.check_decode(**dec(**over))
+
+
+def test_block_size_and_head_dim() -> None:
+    c = {"k_cache": T((NB, 24, KVH, D), "torch.int8"), "v_cache": T((NB, 24, KVH, D), "torch.int8"),
+         "k_scale": T((NB, 24, KVH), "torch.float32"), "v_scale": T((NB, 24, KVH), "torch.float32")}
+    with pytest.raises(ValueError, match="block_size must be a power of two"):
+        V.check_decode(**dec(**c))
+    c = {"k_cache": T((NB, BS, KVH, 96), "torch.int8"), "v_cache": T((NB, BS, KVH, 96), "torch.int8"),
+         "k_scale": T((NB, BS, KVH), "torch.float32"), "v_scale": T((NB, BS, KVH), "torch.float32")}
+    with pytest.raises(ValueError, match="head_dim must be one of"):
+        V.check_decode(**dec(query=T((S, H, 96)), **c))
+
+
+@pytest.mark.parametrize("over,exc,msg", [
+    ({"key": None}, TypeError, "key must be a torch.Tensor, got NoneType"),
+    ({"value": T((7, KVH, D), "torch.float16")}, ValueError, "value has dtype torch.float16"),
+    ({"key": T((7, KVH, D), "torch.float32"), "value": T((7, KVH, D), "torch.float32")},
+     ValueError, "key must have dtype"),
+    ({"key": T((7, KVH, D), strides=(KVH * D, 1, KVH))}, ValueError,
+     "key's last dimension must be contiguous"),
+    ({"key": T((7, 4, D)), "value": T((7, 4, D))}, ValueError, "does not match the cache"),
+    ({"slot_mapping": T((7,), "torch.int32")}, ValueError, "slot_mapping must have dtype"),
+    ({"slot_mapping": T((6,), "torch.int64")}, ValueError, "slot_mapping has 6 entries"),
+])
+def test_quantize_rejects(over: dict[str, object], exc: type[Exception], msg: str) -> None:
+    with pytest.raises(exc, match=msg.replace("(", r"\(").replace("[", r"\[")):
+        V.check_quantize(**quant(**over))
+
+
+def test_part_size() -> None:
+    assert V.choose_part_size(64, 8, 8192, 16, 4, 128, 132) == 512
+    assert V.choose_part_size(1, 8, 8192, 16, 4, 128, 132) == 128
+    assert V.choose_part_size(1, 1, 10, 16, 4, 128, 132) == 64
+    with pytest.raises(ValueError, match="power of two"):
+        V.check_part_size(100, 16, 4, 128)
+    with pytest.raises(ValueError, match="smaller than block_size"):
+        V.check_part_size(16, 32, 4, 128)
+    with pytest.raises(TypeError):
+        V.check_part_size(64.0, 16, 4, 128)
+
+
+def test_find_cubin(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no pthfa cubin for compute capability 9.0"):
+        find_cubin(9, 0, tmp_path)
+    (tmp_path / "compute_80.ptx").write_text("ptx")
+    assert find_cubin(9, 0, tmp_path).name == "compute_80.ptx"
+    (tmp_path / "sm_80.cubin").write_bytes(b"x")
+    assert find_cubin(8, 6, tmp_path).name == "sm_80.cubin"
+    (tmp_path / "sm_90.cubin").write_bytes(b"x")
+    assert find_cubin(9, 0, tmp_path).name == "sm_90.cubin"
