@@ -261,6 +261,36 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+# -- kernels ----------------------------------------------------------------------------
+
+
+def cmd_kernels(args: argparse.Namespace) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from qwen38build import record
+    from qwen38build.executor import Outcome, realise
+    from qwen38build.plan import kernel_steps
+    from qwen38build.report import make_reporter
+
+    loaded = load_recipe(args)
+    steps = kernel_steps(loaded, args.arch)
+    cubins, wheel = steps[:-1], steps[-1]
+    store = open_store(args)
+    reporter = make_reporter(quiet=args.quiet)
+    outcomes: dict[str, Outcome] = {}
+    # Arches are independent: compile them side by side (each under its digest's lock).
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for result in pool.map(lambda s: realise([s], store, reporter), cubins):
+            outcomes.update(result)
+    outcomes.update(realise([wheel], store, reporter))
+    record.write_build(store, wheel, outcomes, root_name=_root_name(loaded) + "-kernels")
+    out = next((store.objects / wheel.digest).glob("*.whl"))
+    emit(args, {"build": wheel.digest, "wheel": str(out),
+                "cubins": {s.params["arch"]: s.digest for s in cubins}},
+         f"build {wheel.digest}\nwheel {out}")
+    return ExitCode.OK
+
+
 # -- ci, gc, store ----------------------------------------------------------------------
 
 
@@ -373,6 +403,12 @@ def parser() -> argparse.ArgumentParser:
         if name == "verify":
             sp.add_argument("--full", action="store_true", help="hash every file, not only "
                             "the patched ones")
+    k = add("kernels", cmd_kernels, "compile pthfa per CUDA arch and pack its wheel",
+            json_flag=True)
+    k.add_argument("--arch", action="append", help="only this arch (repeatable; e.g. 9.0)")
+    k.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+                   help="arches compiled at once (default: the number of cores)")
+    k.add_argument("-q", "--quiet", action="store_true")
     ci = add("ci", None, "continuous-integration helpers")
     ci_sub = ci.add_subparsers(dest="ci_command", required=True, metavar="WHAT")
     ci_sub.add_parser("matrix", help="GitHub Actions matrix, one entry per CUDA arch"

@@ -26,6 +26,8 @@ KINDS = {
     "fetch": "qwen38build.steps.fetch",
     "patch": "qwen38build.steps.patch",
     "wheel": "qwen38build.steps.wheel",
+    "cubin": "qwen38build.steps.cubin",
+    "pthfa-wheel": "qwen38build.steps.pthfa_wheel",
 }
 
 

@@ -103,3 +103,39 @@ def declared_parts(loaded: LoadedRecipe) -> list[Declared]:
             missing.append(f"{r.fa2.diff} does not exist")
         out.append(Declared("fa2", "declared, not built: " + "; ".join(missing)))
     return out
+
+
+def kernel_steps(loaded: LoadedRecipe, archs: list[str] | None = None) -> list[Step]:
+    """One cubin step per CUDA arch (PTX for the newest), then the pthfa wheel step.
+
+    Raises KernelBuildError when nvcc is missing: kernels cannot be planned without knowing
+    the compiler that makes them.
+    """
+    from qwen38build.kernels import NVCC_FLAGS, nvcc_version
+    from qwen38build.recipe import normalise_arch
+
+    r = loaded.recipe
+    src = loaded.root / r.pthfa.path
+    csrc = sorted(p for p in (src / "csrc").iterdir() if p.suffix in (".cu", ".cuh", ".h"))
+    sources = tuple((p.name, sha256_file(p)) for p in csrc)
+    nvcc = nvcc_version()
+    all_archs = list(r.cuda.archs)
+    newest = max(all_archs, key=lambda a: tuple(int(x) for x in a.rstrip("af").split(".")))
+    wanted = [normalise_arch(a) for a in archs] if archs else all_archs
+    cubins = [
+        Step(kind="cubin", version=kind_version("cubin"), name=f"pthfa-sm_{a.replace('.', '')}",
+             params={"arch": a, "nvcc": nvcc, "flags": list(NVCC_FLAGS), "ptx": a == newest},
+             inputs=sources, input_paths={p.name: p for p in csrc})
+        for a in wanted
+    ]
+    pkg = src / "python" / "pthfa"
+    files = sorted(p for p in pkg.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                   and p.suffix not in (".pyc", ".cubin", ".ptx"))
+    names = {p.relative_to(pkg).as_posix(): p for p in files}
+    wheel = Step(
+        kind="pthfa-wheel", version=kind_version("pthfa-wheel"), name="pthfa-wheel",
+        params={"version": r.pthfa.tag.lstrip("v"), "archs": wanted},
+        inputs=tuple((n, sha256_file(p)) for n, p in names.items()),
+        deps=tuple((c.name, c) for c in cubins), input_paths=names,
+    )
+    return [*cubins, wheel]
