@@ -212,8 +212,6 @@ def tree_before(pristine: Path, dest: Path, topic: str) -> Path:
     shutil.copytree(pristine, tree)
     for name in SERIES[: SERIES.index(topic)]:
         patch = PATCHES_DIR / f"{name}.patch"
-        if not patch.exists():
-            continue
         subprocess.run(
             ["patch", "-p1", "--fuzz", "0", "--forward", "--batch", "--quiet", "-i", str(patch)],
             cwd=tree, check=True, capture_output=True,

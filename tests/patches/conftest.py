@@ -54,7 +54,11 @@ _TARGET_RE = re.compile(r"^\+\+\+ b/(\S+)$", re.MULTILINE)
 
 
 def _series_files() -> list[Path]:
-    return [PATCHES_DIR / f"{topic}.patch" for topic in SERIES if (PATCHES_DIR / f"{topic}.patch").exists()]
+    files = [PATCHES_DIR / f"{topic}.patch" for topic in SERIES]
+    missing = [f.name for f in files if not f.exists()]
+    if missing:
+        pytest.fail(f"series patches missing from {PATCHES_DIR}: {missing}")
+    return files
 
 
 def _find_wheel() -> Path:
