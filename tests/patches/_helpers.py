@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import itertools
+import json
+import logging
+import shutil
+import subprocess
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -13,7 +18,9 @@ from typing import Any
 
 import pytest
 
-_counter = 0
+from .conftest import PATCHES_DIR, SERIES
+
+_counter = itertools.count(1)
 
 
 @contextmanager
@@ -40,9 +47,7 @@ def make_module(name: str, **attrs: Any) -> types.ModuleType:
 def load_module(path: Path, stubs: dict[str, types.ModuleType] | None = None,
                 name: str | None = None) -> types.ModuleType:
     """Import one module file by path under a unique name, with stubs in place."""
-    global _counter
-    _counter += 1
-    modname = name or f"_qwen38_patched_{path.stem}_{_counter}"
+    modname = name or f"_qwen38_patched_{path.stem}_{next(_counter)}"
     spec = importlib.util.spec_from_file_location(modname, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -85,7 +90,7 @@ def exec_function(path: Path, qualname: str, namespace: dict[str, Any]) -> Calla
     src = extract_source(path, qualname)
     ns = dict(namespace)
     exec(compile(src, f"{path}:{qualname}", "exec"), ns)
-    return ns[qualname.split(".")[-1]]
+    return ns[qualname.rsplit(".", maxsplit=1)[-1]]
 
 
 def assert_pristine_lacks(check: Callable[[], object]) -> None:
@@ -138,8 +143,6 @@ def load_with_auto_stubs(path: Path, overrides: dict[str, types.ModuleType] | No
                          prefixes: tuple[str, ...] = ("vllm",)) -> types.ModuleType:
     """Import ``path`` with every module it imports under ``prefixes`` replaced by an
     AutoStub (``overrides`` wins; vllm.logger gives real stdlib loggers)."""
-    import logging
-
     stubs: dict[str, types.ModuleType] = {
         "vllm.logger": make_module("vllm.logger", init_logger=logging.getLogger),
     }
@@ -164,10 +167,8 @@ def load_with_auto_stubs(path: Path, overrides: dict[str, types.ModuleType] | No
 
 def load_envs(tree: Path) -> types.ModuleType:
     """Load vllm/envs.py (stdlib-only at import; compile_factors' lazy imports stubbed)."""
-    import json as _json
-
     def normalize_value(value: Any) -> Any:
-        _json.dumps(value, default=str)
+        json.dumps(value, default=str)
         return value
 
     stubs = {
@@ -203,11 +204,6 @@ class FakeClock:
 
 def tree_before(pristine: Path, dest: Path, topic: str) -> Path:
     """A copy of the pristine files with the series applied up to, not including, ``topic``."""
-    import shutil
-    import subprocess
-
-    from .conftest import PATCHES_DIR, SERIES
-
     tree = dest / f"before-{topic}"
     shutil.copytree(pristine, tree)
     for name in SERIES[: SERIES.index(topic)]:
