@@ -27,8 +27,8 @@ should be judged against, measured in the same run:
 Peak RSS is the child's ``ru_maxrss`` from ``os.wait4`` (it includes the child's own reaped
 children, e.g. ``patch``). The project is snapshotted into a temp dir first (recipe.toml,
 lock/, the series folders holding only the files the recipe lists, kvarn/, fa2/, pthfa/,
-PATCHES.md; from git HEAD unless ``--worktree``), so edits to the working tree while the
-benchmark runs do not disturb it.
+PATCHES.md; from git HEAD, or ``--ref REV``, unless ``--worktree``), so edits to the
+working tree while the benchmark runs do not disturb it.
 The tool's own output is captured; it is shown only when a command fails.
 """
 
@@ -173,26 +173,26 @@ def find_wheel(locked: dict[str, Any], explicit: str | None) -> Path:
     )
 
 
-def git_export(src: Path, dest: Path, names: list[str]) -> None:
-    archive = subprocess.run(["git", "-C", str(src), "archive", "HEAD", "--", *names],
+def git_export(src: Path, dest: Path, names: list[str], ref: str) -> None:
+    archive = subprocess.run(["git", "-C", str(src), "archive", ref, "--", *names],
                              capture_output=True, check=False)
     if archive.returncode != 0:
         raise BenchError(f"git archive failed: {archive.stderr.decode(errors='replace')}")
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
 
 
-def snapshot_project(src: Path, dest: Path, *, worktree: bool) -> list[Path]:
+def snapshot_project(src: Path, dest: Path, *, worktree: bool, ref: str) -> list[Path]:
     """Copy the project's build inputs; return the series in apply order (paths in dest).
 
-    From git HEAD (what is committed: other people's half-done edits stay out) unless
-    ``worktree`` is set or ``src`` is no git checkout.
+    From git ``ref`` (default HEAD: what is committed, so other people's half-done edits
+    stay out) unless ``worktree`` is set or ``src`` is no git checkout.
     """
     dest.mkdir(parents=True)
     if not worktree and (src / ".git").exists():
-        git_export(src, dest, [n for n in PROJECT_FILES if (src / n).exists()])
+        git_export(src, dest, [n for n in PROJECT_FILES if (src / n).exists()], ref)
         recipe = tomllib.loads((dest / "recipe.toml").read_text(encoding="utf-8"))
         git_export(src, dest, [g["dir"] for g in recipe["series"]["groups"]
-                               if (src / g["dir"]).exists()])
+                               if (src / g["dir"]).exists()], ref)
         src = dest
     else:
         for name in PROJECT_FILES:
@@ -220,7 +220,7 @@ def snapshot_project(src: Path, dest: Path, *, worktree: bool) -> list[Path]:
 def series_from_recipe(project: Path) -> list[Path]:
     """The series in apply order, through the tool's own loader (as the build reads it)."""
     try:
-        from qwen38build import recipe
+        from qwen38build import recipe  # noqa: PLC0415 (optional: works without the package)
     except ImportError:
         return []
     return [e.path for e in recipe.load(project / "recipe.toml").series_entries()]
@@ -450,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="venv holding qwen38build (default: ./.venv, else this interpreter's)")
     ap.add_argument("--worktree", action="store_true",
                     help="snapshot the working tree, not git HEAD")
+    ap.add_argument("--ref", default="HEAD", help="git revision to snapshot (default HEAD)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir and say where")
     args = ap.parse_args(argv)
     if args.runs < 1:
@@ -468,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         wheel = find_wheel(locked_wheel(project), args.wheel)
         snap = work / "project"
-        listed = snapshot_project(project, snap, worktree=args.worktree)
+        listed = snapshot_project(project, snap, worktree=args.worktree, ref=args.ref)
         series = series_from_recipe(snap) or listed
         if [p.name for p in series] != [p.name for p in listed]:
             raise BenchError("the recipe's series and the snapshot disagree")
@@ -476,7 +477,11 @@ def main(argv: list[str] | None = None) -> int:
         srcdir.mkdir()
         (srcdir / wheel.name).symlink_to(wheel)
         b = Bench(args.runs, venv, work, snap, srcdir / wheel.name, series)
-        say = (lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+
+        def say(message: str) -> None:
+            if not args.json:
+                print(message, file=sys.stderr, flush=True)
+
         say(f"bench: {args.runs} runs per step in {work}")
         say("bench: floors")
         b.floors()
