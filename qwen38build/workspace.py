@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from qwen38build.recipe import LoadedRecipe, SeriesEntry
 from qwen38build.store import Store
 
 PACKAGE = "vllm"
+EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 BRANCH = "qwen38"
 SUBJECT_PREFIX = "[qwen38] "
 FOLD_PREFIXES = ("fixup! ", "squash! ", "amend! ")
@@ -329,22 +331,32 @@ def topics_of(loaded: LoadedRecipe, repo: Path) -> list[Topic]:
 
 
 def _pick(repo: Path, commit: Commit, onto: str, topic: str, trees: dict[str, str]) -> str:
-    """The tree of ``commit``'s change carried onto tree ``onto`` (git's 3-way merge)."""
+    """The tree of ``commit``'s change carried onto tree ``onto`` (git apply --3way).
+
+    Done in a throwaway index: neither the work tree nor the user's index is touched.
+    """
     if commit.parent is not None and trees.get(commit.parent) == onto:
         return commit.tree
-    proc = subprocess.run(
-        ["git", "merge-tree", "--write-tree", "--name-only", "--no-messages",
-         f"--merge-base={commit.parent}", onto, commit.sha],
-        cwd=repo, capture_output=True, text=True, env=git_env(), check=False,
-    )
-    if proc.returncode != 0:
-        files = [f for f in proc.stdout.split("\n")[1:] if f]
-        raise InputError(
-            f"{repo}: commit {commit.sha[:12]} ({commit.subject!r}) does not fold into topic "
-            f"{topic} without conflicts in: {', '.join(files)}.",
-            hint="move the fixup next to its topic and resolve it (git rebase -i --autosquash)",
+    parent = commit.parent or EMPTY_TREE
+    diff = git(repo, "diff-tree", "-p", "--binary", "--full-index", "--no-renames",
+               parent, commit.sha)
+    with tempfile.TemporaryDirectory(prefix="q38-fold.") as tmp:
+        env = {**git_env(), "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        subprocess.run(["git", "read-tree", onto], cwd=repo, env=env, check=True,
+                       capture_output=True)
+        proc = subprocess.run(
+            ["git", "apply", "--cached", "--3way"], cwd=repo, input=diff, text=True,
+            capture_output=True, env=env, check=False,
         )
-    return proc.stdout.split("\n", 1)[0].strip()
+        if proc.returncode != 0:
+            said = " ".join(proc.stderr.split())
+            raise InputError(
+                f"{repo}: commit {commit.sha[:12]} ({commit.subject!r}) does not fold into "
+                f"topic {topic} without conflicts: {said}",
+                hint="move it next to its topic and resolve it (git rebase -i --autosquash)",
+            )
+        return subprocess.run(["git", "write-tree"], cwd=repo, env=env, check=True,
+                              capture_output=True, text=True).stdout.strip()
 
 
 def topic_trees(
