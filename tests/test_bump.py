@@ -1,0 +1,246 @@
+"""bump: every outcome on a tiny two-pin series, and the real 0.32.0 → 0.33.0 bump."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from qwen38build import bump, lock, recipe, workspace
+from qwen38build.patchfile import PatchFile
+from qwen38build.store import Store
+from tests.bump_fixtures import NEW, PIN, Project, make_project, make_wheel, numbered
+
+REPO = Path(__file__).resolve().parents[1]
+A, B, C, D, E, F = (numbered(x) for x in "abcdef")
+
+
+def sub(text: str, old: str, new: str) -> str:
+    assert old in text
+    return text.replace(old, new, 1)
+
+
+A1 = sub(A, "a line 10\n", "a line 10 ours\n")  # clean-a
+F6 = sub(sub(F, "f line 5\n", "f line 5 ours\n"),
+         "f line 20\n", "f line 20\nfrom base-f 1\nfrom base-f 2\nfrom base-f 3\n")
+OLD = {"a.py": A, "b.py": B, "c.py": C, "d.py": D, "e.py": E, "f.py": F}
+NEW_FILES = {
+    "a.py": A,  # unchanged: clean
+    "b.py": "".join(f"new top {i}\n" for i in range(5)) + B,  # five lines above: offset +5
+    "c.py": sub(C, "c line 10\n", "c line 10 upstream\n"),  # same line changed: conflict
+    "d.py": sub(D, "d line 10\n", "d line 10 fixed\n"),  # the patch itself: upstreamed
+    "moved/e.py": E,  # e.py moved: deleted
+    "f.py": sub(F, "f line 5\n", "f line 5 upstream\n"),  # base-f conflicts, on-f depends
+}
+SERIES = ["clean-a", "on-clean-a", "offset-b", "conflict-c", "upstreamed-d", "deleted-e",
+          "base-f", "on-f"]
+
+
+def two_pins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, series: list[str]) -> Project:
+    wheels = tmp_path / "wheels"
+    old = make_wheel(wheels, PIN, {"__init__.py": "", **OLD})
+    make_wheel(wheels, NEW, {"__init__.py": "", **NEW_FILES})
+    p = make_project(tmp_path, old, series)
+    monkeypatch.setenv("QWEN38BUILD_SOURCES", str(wheels))
+    diffs = {
+        "clean-a": [("a.py", A, A1)],
+        # cut on top of clean-a: its context holds clean-a's line
+        "on-clean-a": [("a.py", A1, sub(A1, "a line 12\n", "a line 12 ours\n"))],
+        "offset-b": [("b.py", B, sub(B, "b line 10\n", "b line 10 ours\n"))],
+        "conflict-c": [("c.py", C, sub(C, "c line 10\n", "c line 10 ours\n"))],
+        "upstreamed-d": [("d.py", D, sub(D, "d line 10\n", "d line 10 fixed\n"))],
+        "deleted-e": [("e.py", E, sub(E, "e line 10\n", "e line 10 ours\n"))],
+        "base-f": [("f.py", F, F6)],
+        "on-f": [("f.py", F6, sub(F6, "from base-f 2\n", "from base-f 2 tuned\n"))],
+    }
+    for topic in series:
+        p.patch("patches", topic, diffs[topic])
+    return p
+
+
+@pytest.fixture
+def pins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
+    return two_pins(tmp_path, monkeypatch, SERIES)
+
+
+def by_patch(report: bump.BumpReport) -> dict[str, bump.PatchReport]:
+    return {p.patch: p for p in report.patches}
+
+
+def test_every_outcome_is_told_apart(pins: Project) -> None:
+    report = bump.bump(pins.loaded(), pins.store, NEW)
+    got = by_patch(report)
+    assert {k: v.outcome for k, v in got.items()} == {
+        "clean-a": "clean",
+        "on-clean-a": "clean",
+        "offset-b": "offset",
+        "conflict-c": "conflict",
+        "upstreamed-d": "upstreamed",
+        "deleted-e": "deleted",
+        "base-f": "conflict",
+        "on-f": "depends-on-failed",
+    }
+    assert not report.ok
+    assert got["offset-b"].offsets == (bump.HunkOffset("b.py", 1, 12, 5),)
+    (c,) = got["conflict-c"].failures
+    assert (c.file, c.hunk) == ("c.py", 1)
+    assert "-c line 10\n+c line 10 upstream" in c.upstream_diff
+    assert c.upstream_diff.startswith(f"--- a/c.py ({PIN})\n+++ b/c.py ({NEW})\n")
+    assert got["deleted-e"].deleted == ("e.py",)
+    assert got["deleted-e"].moved_to == {"e.py": ["moved/e.py"]}
+    (f5,) = got["base-f"].failures  # only the hunk upstream touched fails
+    assert "-f line 5\n+f line 5 upstream" in f5.upstream_diff
+    assert got["on-f"].depends_on == ("base-f",)
+    assert "its context came from base-f" in got["on-f"].failures[0].note
+
+
+def test_all_applying_series_is_ok_and_dry_run_touches_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = two_pins(tmp_path, monkeypatch, ["clean-a", "on-clean-a", "offset-b"])
+    recipe_before = (p.root / "recipe.toml").read_bytes()
+    lock_before = (p.root / "lock" / "sources.json").read_bytes()
+    report = bump.bump(p.loaded(), p.store, NEW, dry_run=True)
+    assert report.ok
+    assert (p.root / "recipe.toml").read_bytes() == recipe_before
+    assert (p.root / "lock" / "sources.json").read_bytes() == lock_before
+
+
+def test_report_renders_as_markdown_and_json(pins: Project) -> None:
+    report = bump.bump(pins.loaded(), pins.store, NEW)
+    md = report.to_markdown()
+    assert "| 3 | offset-b | offset | b.py #1 +5 |" in md
+    assert "| 6 | deleted-e | deleted | e.py gone (moved to moved/e.py?) |" in md
+    assert "| 8 | on-f | depends-on-failed | stands on base-f |" in md
+    assert "```diff\n--- a/c.py" in md
+    data = json.loads(json.dumps(report.to_json()))
+    assert data["ok"] is False and data["to"] == NEW
+    assert [x["outcome"] for x in data["patches"]][:3] == ["clean", "clean", "offset"]
+    assert data["wheel"]["version"] == NEW
+
+
+def test_bump_repins_recipe_keeping_layout_and_rewrites_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = two_pins(tmp_path, monkeypatch, ["clean-a"])
+    before = (p.root / "recipe.toml").read_text()
+    report = bump.bump(p.loaded(), p.store, NEW, dry_run=False)
+    assert report.ok
+    after = (p.root / "recipe.toml").read_text()
+    assert after == before.replace(f'version = "{PIN}"   # the pin', f'version = "{NEW}"   # the pin')
+    locked = lock.read(p.root)["vllm"]
+    wheel = p.wheels / f"vllm-{NEW}-cp38-abi3-manylinux_2_28_x86_64.whl"
+    assert (locked.version, locked.filename, locked.size) == (NEW, wheel.name, wheel.stat().st_size)
+    import hashlib
+
+    assert locked.sha256 == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert recipe.load(p.root / "recipe.toml").recipe.vllm.version == NEW
+
+
+def test_new_wheel_found_in_store_needs_no_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = two_pins(tmp_path, monkeypatch, ["clean-a"])
+    first = bump.bump(p.loaded(), p.store, NEW)
+    monkeypatch.setenv("QWEN38BUILD_SOURCES", str(tmp_path / "nowhere"))
+    second = bump.bump(p.loaded(), p.store, NEW)
+    assert second.wheel == first.wheel
+
+
+def test_rebase_carries_the_workspace_and_export_gives_patches_for_the_new_pin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = two_pins(tmp_path, monkeypatch, ["clean-a", "offset-b", "upstreamed-d"])
+    ws = tmp_path / "ws"
+    report = bump.bump(p.loaded(), p.store, NEW, dry_run=False, rebase=ws)
+    assert report.rebase is not None and report.rebase.ok
+    assert report.rebase.done == ("clean-a", "offset-b", "upstreamed-d")
+    assert report.rebase.empty == ("upstreamed-d",)
+    assert workspace.git(ws, "rev-parse", "--abbrev-ref", "HEAD").strip() == f"qwen38-{NEW}"
+    loaded = recipe.load(p.root / "recipe.toml")
+    offset_b = p.root / "patches" / "offset-b.patch"
+    written = workspace.export(loaded, ws, ["clean-a", "offset-b"])
+    assert written == [offset_b]  # clean-a's diff is the same text on the new pin
+    assert "@@ -12,7 +12,7 @@" in offset_b.read_text()
+    # the exported series now applies to the new pin without offsets
+    again = by_patch(bump.bump(loaded, p.store, NEW))
+    assert again["offset-b"].outcome == "clean"
+
+
+def test_rebase_stops_at_a_conflict_naming_topic_and_file(pins: Project, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    report = bump.bump(pins.loaded(), pins.store, NEW, rebase=ws)
+    r = report.rebase
+    assert r is not None and not r.ok
+    assert r.stopped_at == "conflict-c" and r.conflict_files == ("vllm/c.py",)
+    assert r.done == ("clean-a", "on-clean-a", "offset-b")
+    assert "stopped at topic conflict-c" in report.to_markdown()
+    assert (ws / ".git" / "CHERRY_PICK_HEAD").exists()
+
+
+# -- the real thing ---------------------------------------------------------------------
+
+
+def gnu_patch(tree: Path, patch: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["patch", "-p1", "--fuzz", "0", "--batch", "--no-backup-if-mismatch",
+         "--reject-file=-", "-d", str(tree), "-i", str(patch), *extra],
+        capture_output=True, text=True, check=False, env={"PATH": os.environ["PATH"], "LC_ALL": "C"},
+    )
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_real_bump_to_0_33_0_agrees_with_gnu_patch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The project's series, 0.32.0 → 0.33.0, dry run; each outcome checked with GNU patch
+    (forward at fuzz 0, and -R --dry-run) on the same tree, built here independently."""
+    sources = [d for d in ("/tmp/wh", "/tmp/wh33") if Path(d).is_dir()]
+    if sources:
+        monkeypatch.setenv("QWEN38BUILD_SOURCES", ":".join(sources))
+    from qwen38build.store import default_root
+
+    loaded = recipe.load(REPO / "recipe.toml")
+    if loaded.recipe.vllm.version != "0.32.0":
+        pytest.skip(f"the pin is {loaded.recipe.vllm.version} now, not 0.32.0")
+    recipe_before = (REPO / "recipe.toml").read_bytes()
+    store = Store(default_root())
+    report = bump.bump(loaded, store, "0.33.0", dry_run=True)
+    assert (REPO / "recipe.toml").read_bytes() == recipe_before
+    new_wheel, _ = bump.resolve_wheel(loaded, store, "0.33.0")
+    wheel = workspace.wheel_in_store(loaded, store, new_wheel)
+    entries = loaded.series_entries()
+    tree = tmp_path / "tree"
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        for e in entries:
+            for rel in PatchFile.parse(e.path).touched_paths:
+                if f"vllm/{rel}" in names and not (tree / rel).exists():
+                    (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (tree / rel).write_bytes(z.read(f"vllm/{rel}"))
+    assert [p.patch for p in report.patches] == [e.row_name for e in entries]
+    for entry, got in zip(entries, report.patches, strict=True):
+        forward = gnu_patch(tree, entry.path, "--forward", "--dry-run")
+        backward = gnu_patch(tree, entry.path, "-R", "--dry-run")
+        where = f"{entry.row_name}: {got.outcome}\n{forward.stdout}"
+        if got.outcome in ("clean", "offset"):
+            assert forward.returncode == 0, where
+            assert ("offset" in forward.stdout) == (got.outcome == "offset"), where
+            assert gnu_patch(tree, entry.path, "--forward").returncode == 0
+        elif got.outcome == "upstreamed":
+            assert forward.returncode != 0 and backward.returncode == 0, where
+        else:
+            assert forward.returncode != 0 and backward.returncode != 0, where
+        if got.outcome == "deleted":
+            assert all(f"vllm/{f}" not in names for f in got.deleted)
+        if got.outcome == "depends-on-failed":
+            failed = {p.patch for p in report.patches if p.outcome in bump.FAILED}
+            assert set(got.depends_on) <= failed
+    print(report.to_markdown())
+    shutil.rmtree(tree)
