@@ -65,7 +65,8 @@ _READ_RES = (
 _ASSIGNMENT_RE = re.compile(r"\s*(?:=(?!=)|\+=)")
 _MANIFEST_RE = re.compile(r"^(?P<sha>[0-9a-f]{64})  (?P<path>\S.*)$")
 _PIN_FILES = ("PIN", "MANIFEST")
-_ALWAYS_IGNORED = ("__pycache__/", "*.pyc")
+# Byte code, and measured evidence (results/): neither is vendored source.
+_ALWAYS_IGNORED = ("__pycache__/", "*.pyc", "/results/")
 _EXPORT_HINT = "fix the commit in the pinned vLLM checkout and regenerate the file with " \
     "qwen38build export; the patch files are not edited by hand"
 
