@@ -302,11 +302,16 @@ class Bench:
 
     def noop(self, store: Path) -> None:
         self.build(store)  # warm-up; also links the snapshot's result
+        fast = 0
         for _ in range(self.runs):
             run, build_hash = self.build(store)
             if build_hash != self.facts["build"]:
                 raise BenchError(f"no-op build gave {build_hash}, not {self.facts['build']}")
             self.series_for("no-op build").add(run)
+            # The fast path prints only the build and wheel lines; the full path (all store
+            # hits) also prints a progress line per step, e.g. after the engine's code changed.
+            fast += len(run.output.strip().splitlines()) == 2
+        self.facts["noop_fast_path_runs"] = fast
 
     def verify(self, store: Path) -> None:
         target = self.work / "installed"
@@ -432,6 +437,8 @@ def table(data: dict[str, Any]) -> str:
         "build record.",
         f"rebuild edits the prose of {data.get('edited_patch')}: patch + wheel steps rerun, "
         "fetch is a hit.",
+        f"no-op runs answered by the fast path: {data.get('noop_fast_path_runs')} of "
+        f"{data['runs']}.",
         "peak RSS: the child's ru_maxrss (os.wait4), its own subprocesses included.",
         "old verify (reverse dry-run loop in series order) rejected "
         + (", ".join(fails) if fails else "nothing")
