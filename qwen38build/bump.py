@@ -468,7 +468,7 @@ class _Trial:
             file = str(entry.path.relative_to(self.root))
         except ValueError:
             file = str(entry.path)
-        base = {"patch": entry.row_name, "file": file}
+        name = entry.row_name
         gone = [
             f.old_path for f in pf.files
             if f.old_path is not None and self.old.get(f.old_path) is not None
@@ -476,7 +476,7 @@ class _Trial:
         ]
         if gone:
             moved = {g: self._moved(g) for g in gone}
-            return PatchReport(**base, outcome="deleted", deleted=tuple(gone),
+            return PatchReport(name, file, "deleted", deleted=tuple(gone),
                                moved_to={g: m for g, m in moved.items() if m})
         snapshot = {rel: _read(self.work / rel) for rel in pf.touched_paths}
         result = run_patch(pf.path, self.work)
@@ -484,7 +484,7 @@ class _Trial:
             offsets = tuple(
                 HunkOffset(h.file, h.number, h.line, h.offset) for h in result.offsets
             )
-            return PatchReport(**base, outcome="offset" if offsets else "clean",
+            return PatchReport(name, file, "offset" if offsets else "clean",
                                offsets=offsets)
         for rel, data in snapshot.items():  # GNU patch keeps the hunks that did apply
             p = self.work / rel
@@ -493,25 +493,27 @@ class _Trial:
             else:
                 p.write_bytes(data)
         if run_patch(pf.path, self.work, reverse=True, dry_run=True).ok:
-            return PatchReport(**base, outcome="upstreamed")
+            return PatchReport(name, file, "upstreamed")
         failures = self._failures(k, pf, _gnu_by_file(result.output))
         depends = tuple(dict.fromkeys(d for h in failures for d in h.depends_on))
         if failures and all(h.depends_on for h in failures):
-            return PatchReport(**base, outcome="depends-on-failed", failures=failures,
+            return PatchReport(name, file, "depends-on-failed", failures=failures,
                                depends_on=depends)
-        return PatchReport(**base, outcome="conflict", failures=failures, depends_on=depends)
+        return PatchReport(name, file, "conflict", failures=failures, depends_on=depends)
 
     def upstream_hunks(self, rel: str) -> list[tuple[int, int, list[str]]]:
         """The old → new pristine diff of ``rel``, computed once."""
         if rel not in self._upstream:
-            pair = self.tmp / "pristine"
+            # Flat names: every directory made here costs a mkdir and an rmdir.
+            flat = rel.replace("/", "%")
+            sides = []
             for side, files in (("old", self.old), ("new", self.new)):
+                p = self.tmp / f"{side}%{flat}"
                 data = files.get(rel)
                 if data is not None:
-                    p = pair / side / rel
-                    p.parent.mkdir(parents=True, exist_ok=True)
                     p.write_bytes(data)
-            self._upstream[rel] = _diff_hunks(pair / "old" / rel, pair / "new" / rel)
+                sides.append(p)
+            self._upstream[rel] = _diff_hunks(*sides)
         return self._upstream[rel]
 
     def _moved(self, rel: str) -> list[str]:
@@ -636,7 +638,7 @@ def repin(loaded: LoadedRecipe, entry: lockmod.LockedWheel) -> None:
 
     text = loaded.path.read_text(encoding="utf-8")
     doc = tomlkit.parse(text)
-    doc["vllm"]["version"] = entry.version  # type: ignore[index]
+    doc["vllm"]["version"] = entry.version
     new_text = tomlkit.dumps(doc)
     validate(tomlkit.parse(new_text).unwrap(), loaded.path)
     others = [e for n, e in lockmod.read(loaded.root).items() if n != entry.name]
@@ -705,7 +707,8 @@ def rebase_workspace(
     for c in workspace.read_commits(repo, f"{new_tag}..HEAD"):
         topic = c.subject.removeprefix(workspace.SUBJECT_PREFIX)
         done.append(topic)
-        if c.parent is not None and git(repo, "rev-parse", f"{c.parent}^{{tree}}").strip() == c.tree:
+        parent_tree = git(repo, "rev-parse", f"{c.parent}^{{tree}}").strip() if c.parent else ""
+        if parent_tree == c.tree:
             empty.append(topic)
     if proc.returncode == 0:
         return RebaseResult(str(repo), branch, tuple(done), tuple(empty))

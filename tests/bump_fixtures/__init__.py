@@ -8,6 +8,7 @@ import hashlib
 import json
 import subprocess
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,7 +101,7 @@ class Project:
     def store(self) -> Store:
         return Store(self.store_root)
 
-    def patch(self, group: str, topic: str, diffs: list[tuple[str, str | None, str | None]]) -> Path:
+    def patch(self, group: str, topic: str, diffs: Sequence[tuple[str, str | None, str | None]]) -> Path:
         """Write ``<group>/<topic>.patch`` from (file, old text, new text) triples.
 
         The files' diffs are in path order, as git writes them, so that an export of an
