@@ -137,16 +137,26 @@ def _report_build(
 def cmd_plan(args: argparse.Namespace) -> int:
     from qwen38build.step import walk
 
+    from qwen38build.plan import kernel_steps
+
     loaded = load_recipe(args)
     plan = load_plan(loaded)
     store = open_store(args)
-    rows = []
-    for s in walk([plan.top]):
-        rows.append({"name": s.name, "kind": s.kind, "digest": s.digest,
-                     "built": store.get(s.digest) is not None})
     declared = [{"name": d.name, "status": d.reason} for d in plan.declared]
-    lines = [f"{'built' if r['built'] else 'to build':9} {r['kind']:6} {r['digest'][:12]}  {r['name']}"
-             for r in rows]
+    tops = [plan.top]
+    try:
+        tops.append(kernel_steps(loaded)[-1])
+    except Qwen38BuildError as exc:  # no nvcc here: the kernels are declared, not planned
+        declared.append({"name": "pthfa kernels", "status": f"declared, not planned: {exc}"})
+    rows: list[dict[str, Any]] = [
+        {"name": s.name, "kind": s.kind, "digest": s.digest,
+         "built": store.get(s.digest) is not None}
+        for s in walk(tops)
+    ]
+    lines = [
+        f"{'built' if r['built'] else 'to build':9} {r['kind']:6} {r['digest'][:12]}  {r['name']}"
+        for r in rows
+    ]
     lines += [f"{'declared':9} {'-':6} {'-':12}  {d['name']}: {d['status']}" for d in declared]
     lines.append(f"build hash {plan.build_hash}")
     emit(args, {"build": plan.build_hash, "steps": rows, "declared": declared}, "\n".join(lines))
@@ -190,8 +200,8 @@ def cmd_why(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from qwen38build.reproduce import reproduce
     from qwen38build.report import make_reporter
+    from qwen38build.reproduce import reproduce
 
     result = reproduce(open_store(args), args.build_hash, make_reporter(quiet=args.quiet),
                        keep=args.keep)

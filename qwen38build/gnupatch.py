@@ -17,7 +17,9 @@ from qwen38build.errors import PatchFailed
 from qwen38build.patchfile import FileDiff, Hunk, PatchFile
 
 _FILE_RE = re.compile(r"^(?:patching|checking) file '?(?P<path>.+?)'?$")
-_OK_RE = re.compile(r"^Hunk #(?P<n>\d+) succeeded at (?P<line>\d+)(?: \(offset (?P<off>-?\d+) lines?\))?")
+_OK_RE = re.compile(
+    r"^Hunk #(?P<n>\d+) succeeded at (?P<line>\d+)(?: \(offset (?P<off>-?\d+) lines?\))?"
+)
 _FAIL_RE = re.compile(r"^Hunk #(?P<n>\d+) FAILED at (?P<line>\d+)")
 
 

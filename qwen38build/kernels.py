@@ -183,7 +183,7 @@ def cubin_sm(path: Path) -> int:
         (flags,) = struct.unpack_from("<I", data, 36)
     else:
         raise KernelBuildError(f"{path}: unknown ELF class {data[4]}")
-    return (flags >> 8) & 0xFF
+    return int((flags >> 8) & 0xFF)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,7 +37,9 @@ class Plan:
         return self.top.digest
 
 
-def locked_vllm(loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel]) -> lockmod.LockedWheel:
+def locked_vllm(
+    loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel]
+) -> lockmod.LockedWheel:
     pin = loaded.recipe.vllm
     entry = locked.get(pin.name)
     why = lockmod.mismatch(
@@ -116,6 +118,10 @@ def kernel_steps(loaded: LoadedRecipe, archs: list[str] | None = None) -> list[S
 
     r = loaded.recipe
     src = loaded.root / r.pthfa.path
+    if not (src / "csrc").is_dir():
+        from qwen38build.errors import KernelBuildError
+
+        raise KernelBuildError(f"{src / 'csrc'} does not exist; there are no kernel sources.")
     csrc = sorted(p for p in (src / "csrc").iterdir() if p.suffix in (".cu", ".cuh", ".h"))
     sources = tuple((p.name, sha256_file(p)) for p in csrc)
     nvcc = nvcc_version()

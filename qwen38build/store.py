@@ -92,7 +92,9 @@ class Store:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            raise StoreError(f"{self.meta_path(digest)}: unreadable store metadata: {exc}.") from exc
+            raise StoreError(
+                f"{self.meta_path(digest)}: unreadable store metadata: {exc}."
+            ) from exc
         return Entry(digest, self.objects / digest, meta)
 
     def changed_files(self, entry: Entry, *, rehash: bool) -> list[str]:
@@ -105,9 +107,10 @@ class Store:
             except FileNotFoundError:
                 bad.append(name)
                 continue
-            if st.st_size != rec["size"] or (not rehash and st.st_mtime_ns != rec["mtime_ns"]):
-                bad.append(name)
-            elif rehash and sha256_file(p) != rec["sha256"]:
+            moved = st.st_size != rec["size"] or (
+                sha256_file(p) != rec["sha256"] if rehash else st.st_mtime_ns != rec["mtime_ns"]
+            )
+            if moved:
                 bad.append(name)
         return bad
 

@@ -13,6 +13,7 @@ import base64
 import csv
 import hashlib
 import io
+import itertools
 import os
 import struct
 import zipfile
@@ -127,11 +128,9 @@ class PatchedWheel:
 
     def _emit(self, out: Path, members: list[_Member], default: zipfile.ZipInfo) -> None:
         ordered = sorted(self.infos.values(), key=lambda i: i.header_offset)
-        end_of = {
-            a.filename: b.header_offset for a, b in zip(ordered, ordered[1:], strict=False)
-        }
+        end_of = {a.filename: b.header_offset for a, b in itertools.pairwise(ordered)}
         if ordered:
-            end_of[ordered[-1].filename] = self._zip.start_dir  # type: ignore[attr-defined]
+            end_of[ordered[-1].filename] = self._zip.start_dir
         central: list[bytes] = []
         with self.pristine.open("rb") as src, out.open("wb") as dst:
             run: list[int] = []  # [start, end) of the pending raw run in the pristine file

@@ -20,7 +20,8 @@ def explain(store: Store, step: Step) -> list[str]:
     if last is None:
         return [f"{step.kind} {step.name} ({step.short}) has never been built in this store."]
     lines = [f"{step.kind} {step.name}: was {last['digest'][:12]}, now {step.short}"]
-    lines += _diff(store, step.derivation(), last["derivation"], {d.digest: d for _, d in step.deps})
+    deps = {d.digest: d for _, d in step.deps}
+    lines += _diff(store, step.derivation(), last["derivation"], deps)
     return lines
 
 
@@ -37,12 +38,11 @@ def _diff(
         if a != b:
             out.append(f"{indent}parameter {key}: {_short(a)} -> {_short(b)}")
     inputs_was, inputs_now = dict(was["inputs"]), dict(now["inputs"])
-    for name in inputs_now:
+    for name, sha in inputs_now.items():
         if name not in inputs_was:
             out.append(f"{indent}input added: {name}")
-        elif inputs_was[name] != inputs_now[name]:
-            out.append(f"{indent}input changed: {name} "
-                       f"({inputs_was[name][:12]} -> {inputs_now[name][:12]})")
+        elif inputs_was[name] != sha:
+            out.append(f"{indent}input changed: {name} ({inputs_was[name][:12]} -> {sha[:12]})")
     out += [f"{indent}input removed: {n}" for n in inputs_was if n not in inputs_now]
     deps_was = dict(was["deps"])
     for name, digest in now["deps"]:

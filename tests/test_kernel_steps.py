@@ -1,0 +1,59 @@
+"""Kernels in the graph: one cached step per arch; a hit runs no nvcc; a new source or a
+new compiler misses."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zipfile
+
+import pytest
+
+from tests.conftest import Project
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+
+KERNEL = 'extern "C" __global__ void add_one(float* x) { x[threadIdx.x] += 1.0f; }\n'
+
+
+@pytest.fixture
+def kproject(project: Project) -> Project:
+    csrc = project.root / "pthfa" / "csrc"
+    csrc.mkdir(parents=True)
+    (csrc / "tiny.cu").write_text(KERNEL)
+    pkg = project.root / "pthfa" / "python" / "pthfa"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text('"""tiny"""\n')
+    return project
+
+
+def test_kernels_build_per_arch_then_hit_without_nvcc(kproject: Project, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    assert kproject.run("kernels", "--json", "-q") == 0
+    first = json.loads(capsys.readouterr().out)
+    assert set(first["cubins"]) == {"8.6", "9.0"}
+    with zipfile.ZipFile(first["wheel"]) as z:
+        names = z.namelist()
+    assert "pthfa/cubins/sm_86.cubin" in names and "pthfa/cubins/sm_90.cubin" in names
+    assert "pthfa/cubins/compute_90.ptx" in names  # PTX for the newest arch only
+    # A hit must not compile: make any compile fail loudly.
+    def no_compile(*a: object, **k: object) -> None:
+        raise AssertionError("nvcc ran on a cache hit")
+
+    monkeypatch.setattr("qwen38build.steps.cubin.compile_arch", no_compile)
+    (kproject.root / "pthfa" / "python" / "pthfa" / "__init__.py").write_text('"""v2"""\n')
+    assert kproject.run("kernels", "--json", "-q") == 0
+    second = json.loads(capsys.readouterr().out)
+    assert second["cubins"] == first["cubins"]  # the cubins were hits
+    assert second["build"] != first["build"]  # the wheel step saw the package change
+
+
+def test_a_source_change_misses_only_the_kernel_steps(kproject: Project, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert kproject.run("kernels", "--json", "-q", "--arch", "sm_90") == 0
+    before = json.loads(capsys.readouterr().out)
+    (kproject.root / "pthfa" / "csrc" / "tiny.cu").write_text(KERNEL.replace("1.0f", "2.0f"))
+    assert kproject.run("kernels", "--json", "-q", "--arch", "9.0") == 0
+    after = json.loads(capsys.readouterr().out)
+    assert before["cubins"]["9.0"] != after["cubins"]["9.0"]
+    assert kproject.run("plan", "--json") == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [s["built"] for s in plan["steps"] if s["kind"] == "fetch"] == [False]
