@@ -271,6 +271,51 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+# -- workspace, export, bump -------------------------------------------------------------
+
+
+def cmd_workspace_create(args: argparse.Namespace) -> int:
+    from qwen38build.workspace import create
+
+    loaded = load_recipe(args)
+    dest = Path(args.dir) if args.dir else loaded.root / "workspace"
+    repo = create(loaded, open_store(args), dest)
+    print(f"workspace {repo} (tag v{loaded.recipe.vllm.version}, one commit per topic)")
+    return ExitCode.OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from qwen38build.errors import CheckFailed
+    from qwen38build.workspace import export
+
+    loaded = load_recipe(args)
+    dest = Path(args.dir) if args.dir else loaded.root / "workspace"
+    files = export(loaded, dest, args.topics or None, check=args.check)
+    if args.check:
+        if files:
+            raise CheckFailed(
+                "these patch files disagree with their workspace commits: "
+                + ", ".join(str(f.relative_to(loaded.root)) for f in files) + ".",
+                hint=f"run `qwen38build export {dest}` to regenerate them",
+            )
+        print("every patch file matches its workspace commit")
+        return ExitCode.OK
+    print("\n".join(f"wrote {f.relative_to(loaded.root)}" for f in files) or "nothing changed")
+    return ExitCode.OK
+
+
+def cmd_bump(args: argparse.Namespace) -> int:
+    from qwen38build.bump import bump
+
+    if args.package != "vllm":
+        raise UsageError(f"cannot bump {args.package!r}; only vllm is pinned by version.")
+    report = bump(load_recipe(args), open_store(args), args.version, dry_run=args.dry_run,
+                  rebase=Path(args.rebase) if args.rebase else None)
+    emit(args, report.to_json(), report.to_markdown())
+    ok = report.ok and (report.rebase is None or report.rebase.ok)
+    return ExitCode.OK if ok else ExitCode.FAILED
+
+
 # -- kernels ----------------------------------------------------------------------------
 
 
@@ -413,6 +458,22 @@ def parser() -> argparse.ArgumentParser:
         if name == "verify":
             sp.add_argument("--full", action="store_true", help="hash every file, not only "
                             "the patched ones")
+    ws = add("workspace", None, "a git workspace of the series: one commit per topic")
+    ws_sub = ws.add_subparsers(dest="workspace_command", required=True, metavar="WHAT")
+    wc = ws_sub.add_parser("create", help="pristine pin (tagged) plus one commit per topic")
+    wc.add_argument("dir", nargs="?", help="where (default: ./workspace)")
+    wc.set_defaults(func=cmd_workspace_create)
+    ex = add("export", cmd_export, "regenerate patch files from the workspace's commits")
+    ex.add_argument("dir", nargs="?", help="the workspace (default: ./workspace)")
+    ex.add_argument("topics", nargs="*", help="only these topics")
+    ex.add_argument("--check", action="store_true", help="fail when a file and its commit "
+                    "disagree; write nothing")
+    bp = add("bump", cmd_bump, "move the pin and report, per patch, what the new pin means",
+             json_flag=True)
+    bp.add_argument("package", help="what to bump (vllm)")
+    bp.add_argument("version", help="the new version, e.g. 0.33.0")
+    bp.add_argument("--dry-run", action="store_true", help="report only; leave recipe and lock")
+    bp.add_argument("--rebase", metavar="DIR", help="carry the workspace onto the new pin")
     k = add("kernels", cmd_kernels, "compile pthfa per CUDA arch and pack its wheel",
             json_flag=True)
     k.add_argument("--arch", action="append", help="only this arch (repeatable; e.g. 9.0)")

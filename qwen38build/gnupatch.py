@@ -89,7 +89,7 @@ def run_patch(
 
 
 def parse_report(out: str) -> list[HunkResult]:
-    """GNU patch's stdout → one result per hunk it mentions (and implicit exact hits)."""
+    """GNU patch's stdout → one result per hunk it mentions (exact hits print nothing)."""
     results: list[HunkResult] = []
     current = ""
     for line in out.splitlines():
