@@ -220,7 +220,7 @@ def snapshot_project(src: Path, dest: Path, *, worktree: bool, ref: str) -> list
 def series_from_recipe(project: Path) -> list[Path]:
     """The series in apply order, through the tool's own loader (as the build reads it)."""
     try:
-        from qwen38build import recipe  # noqa: PLC0415 (optional: works without the package)
+        from qwen38build import recipe
     except ImportError:
         return []
     return [e.path for e in recipe.load(project / "recipe.toml").series_entries()]
