@@ -135,9 +135,8 @@ def _report_build(
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from qwen38build.step import walk
-
     from qwen38build.plan import kernel_steps
+    from qwen38build.step import walk
 
     loaded = load_recipe(args)
     plan = load_plan(loaded)

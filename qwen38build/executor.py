@@ -54,6 +54,8 @@ class Context:
     reporter: Reporter
     source_stores: list[Store] = field(default_factory=list)
     source_dirs: list[Path] = field(default_factory=list)
+    # sha256 of output files the step hashed while writing them, by relative path.
+    hashed: dict[str, str] = field(default_factory=dict)
 
     def report(self, message: str) -> None:
         self.reporter.note(self.step, message)
@@ -150,10 +152,11 @@ def _build(
     try:
         with tempfile.TemporaryDirectory(prefix="scratch.", dir=store.tmp) as scratch:
 
-            def fill(out: Path) -> None:
+            def fill(out: Path) -> dict[str, str]:
                 ctx = Context(step, out, Path(scratch), store, reporter, source_stores,
                               source_dirs)
                 module.run(ctx)
+                return ctx.hashed
 
             return store.add(step.digest, step.derivation(), fill)
     finally:

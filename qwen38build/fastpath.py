@@ -35,7 +35,11 @@ def fingerprint(recipe_path: Path) -> str | None:
         for group in data["series"]["groups"]:
             folder = root / str(group["dir"])
             files.extend(sorted(folder.glob("*.patch")))
-    except (KeyError, TypeError):
+        # The build's lint reads the vendored pthfa files and the fa2 provenance too.
+        files.extend(p for p in sorted((root / str(data["pthfa"].get("path", "pthfa"))).rglob("*"))
+                     if p.is_file() and "__pycache__" not in p.parts)
+        files.append(root / "fa2" / "README.md")
+    except (KeyError, TypeError, AttributeError):
         return None
     for f in files:
         h.update(f"\0{f.relative_to(root)}\0".encode())

@@ -132,11 +132,14 @@ class Store:
             yield
 
     def add(
-        self, digest: str, derivation: dict[str, Any], fill: Callable[[Path], None]
+        self, digest: str, derivation: dict[str, Any],
+        fill: Callable[[Path], dict[str, str] | None],
     ) -> Entry:
         """Run ``fill(out_dir)`` in a temp dir and commit its files as entry ``digest``.
 
-        Refuses to overwrite a committed entry. If ``fill`` raises, nothing is stored.
+        ``fill`` may return the sha256 of output files it hashed while writing them (by
+        relative path), so a large file is not read twice. Refuses to overwrite a committed
+        entry. If ``fill`` raises, nothing is stored.
         """
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.objects.mkdir(parents=True, exist_ok=True)
@@ -144,8 +147,8 @@ class Store:
         try:
             out = work / "out"
             out.mkdir()
-            fill(out)
-            outputs = _seal(out)
+            known = fill(out) or {}
+            outputs = _seal(out, known)
             meta = {
                 "digest": digest,
                 "derivation": derivation,
@@ -208,7 +211,7 @@ class Store:
                 remove_tree(p)
 
 
-def _seal(out: Path) -> dict[str, dict[str, Any]]:
+def _seal(out: Path, known: dict[str, str]) -> dict[str, dict[str, Any]]:
     """fsync every file, make it read-only, and record size, mtime and sha256."""
     outputs: dict[str, dict[str, Any]] = {}
     for dirpath, dirnames, filenames in os.walk(out):
@@ -220,8 +223,9 @@ def _seal(out: Path) -> dict[str, dict[str, Any]]:
             os.chmod(p, 0o444 if not os.access(p, os.X_OK) else 0o555)
             _fsync_file(p)
             st = p.stat()
-            outputs[p.relative_to(out).as_posix()] = {
-                "sha256": sha256_file(p),
+            rel = p.relative_to(out).as_posix()
+            outputs[rel] = {
+                "sha256": known.get(rel) or sha256_file(p),
                 "size": st.st_size,
                 "mtime_ns": st.st_mtime_ns,
             }

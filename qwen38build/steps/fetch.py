@@ -24,6 +24,7 @@ def run(ctx: Context) -> None:
     p = ctx.step.params
     filename, sha256 = str(p["filename"]), str(p["sha256"])
     dest = ctx.out / filename
+    ctx.hashed[filename] = sha256  # every path below either checks these bytes or raises
     for candidate in ctx.source_candidates(sha256, filename):
         if _copy_checked(candidate, dest, sha256):
             ctx.report(f"taken from {candidate.parent}")
