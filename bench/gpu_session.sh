@@ -17,4 +17,11 @@ print(compile_arch(src, '9.0', Path('$CUB')))
 fi
 ls -l "$CUB" | tee -a "$OUT/build.log"
 timeout 420 python3 -m pytest tests/gpu -m gpu -p no:cacheprovider -q -rA -s 2>&1 | tee "$OUT/gpu_tests.log"
-timeout 300 python3 bench/pthfa_decode.py --out "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log"
+# every partition kernel variant through the same tests (one line each; details in the log)
+for impl in simt mma1 mma2 mma1b mma2b; do
+  echo "== PTHFA_IMPL=$impl" >>"$OUT/gpu_tests_impls.log"
+  PTHFA_IMPL=$impl timeout 120 python3 -m pytest tests/gpu -m gpu -p no:cacheprovider -q -rA -s \
+    >>"$OUT/gpu_tests_impls.log" 2>&1
+  echo "PTHFA_IMPL=$impl: $(tail -1 "$OUT/gpu_tests_impls.log")"
+done
+timeout 360 python3 bench/pthfa_decode.py --out "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log"

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pthfa" / "python"))
-import pthfa  # noqa: E402
+import pthfa
 
 H, KVH, D, BS = 32, 8, 128, 16
 ROT_BYTES = 512 << 20  # rotate inputs until a replay of all sets reads at least this much
@@ -53,7 +53,7 @@ def timed(fn_list, reps: int = 15, graph: bool = True) -> tuple[float, str]:
                 fn()
         run = g.replay
         run()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         how = f"loop ({type(exc).__name__})"
 
         def run() -> None:
@@ -176,12 +176,30 @@ def main() -> int:
             sys.stdout.write(row + f"  <!-- pthfa timing: {howp} -->\n")
             sys.stdout.flush()
     lines.append("")
+    lines.append("Partition kernel variants ($PTHFA_IMPL; default: "
+                 "mma1 for partitions >= 1024 tokens, else simt):")
+    import os
+    for impl in ("simt", "mma1", "mma1b"):
+        os.environ["PTHFA_IMPL"] = impl
+        cells = []
+        for b, ctx in ((64, 8192), (8, 32768), (1, 32768), (64, 1024)):
+            try:
+                tp, bp, _ = bench_pthfa(b, ctx, gen)
+                cells.append(f"{b}x{ctx}: {tp * 1e6:.1f} us {bp / tp / 1e9:.0f} GB/s "
+                             f"({100 * bp / tp / bw:.0f}%)")
+            except Exception as exc:  # noqa: BLE001
+                cells.append(f"{b}x{ctx}: failed: {exc}")
+            torch.cuda.empty_cache()
+        lines.append(f"- {impl}: " + "; ".join(cells))
+        sys.stdout.write(lines[-1] + "\n")
+    os.environ.pop("PTHFA_IMPL", None)
+    lines.append("")
     lines.append("Partition size sweep, batch 64, context 8192 (default: auto):")
-    for p in (64, 128, 256, 512):
+    for p in (256, 512, 1024, 2048):
         try:
             tp, bp, _ = bench_pthfa(64, 8192, gen, part_size=p)
             lines.append(f"- part_size {p}: {tp * 1e6:.1f} us, {bp / tp / 1e9:.0f} GB/s")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             lines.append(f"- part_size {p}: failed: {exc}")
         torch.cuda.empty_cache()
     text = "\n".join(lines) + "\n"

@@ -229,6 +229,319 @@ __device__ __forceinline__ void decode_reduce_impl(const float* __restrict__ par
   *o = Conv<T>::from_float(a / L);
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core partition kernel (pthfa_decode_mma_*): same grid, scratch and reduce kernel as
+// above, but QK and PV run on mma.sync.m16n8k16 (fp16 operands, fp32 accumulators), and K/V
+// are read once in a single online-softmax pass (no shared-memory score buffer).
+//
+// Warp w of the CTA takes the 16*NS-token steps w, w+4, ... of the partition. Lane (g, t) =
+// (lane / 4, lane % 4):
+//   QK:  S[16 x 8 tokens] = Qpad[16 heads x 16 dims] . K^T; rows = query heads (G <= 8 real
+//        rows, the other rows zero), cols = tokens. The dot product does not care about the
+//        order of the dims, so the lane loads the contiguous bytes t*D/4 .. t*D/4 + D/4 - 1 of
+//        its token row (b + 8j + g) and Q is loaded in the same permuted order. int8 -> fp16
+//        is exact: (x ^ 0x80) goes into the low byte of 0x6400 (= 1024) and 1152 is subtracted.
+//        Q is scaled by a power of two into fp16 range (exact for bf16 queries: 8-bit mantissa).
+//   softmax: s = S * k_scale * sm_scale*log2(e) (fp32). The running max m tracks
+//        s + log2(v_scale): P' = 2^(s + log2 v_scale - m) <= 1 is what multiplies the int8 V,
+//        so the per-token V scale is folded into P without leaving fp16 range; l sums
+//        2^(s - m) in fp32. The C fragment of QK is the A fragment of PV (FA2 register reuse).
+//   PV:  O[16 x 8 dims] += P'[16 x 16 tokens] . V; A rows 0..7 hold fp16(P') of the head rows,
+//        rows 8..15 (padding in QK) hold the rounding remainder fp16(P' - fp16(P')), so
+//        O = C[g] + C[g + 8] carries P' to ~2^-22 at no extra mma. B = V needs token pairs per
+//        dim: the lane loads dims g*D/8 .. g*D/8 + D/8 - 1 of tokens b + {2t, 2t+1, 8+2t, 9+2t}
+//        and interleaves the bytes of two tokens with one prmt.
+// The four warps' (m, l, O) merge through shared memory into one (m, l, acc) per partition.
+namespace mmak {
+
+__device__ __forceinline__ uint32_t h2_from_ob(uint32_t u, uint32_t sel) {
+  // u holds offset-binary bytes (x + 128); sel moves two of them into the low bytes of two
+  // halves whose high byte is 0x64: 1024 + (x + 128); minus 1152 (0x6480) gives x, exactly.
+  const uint32_t h = __byte_perm(u, 0x64646464u, sel);
+  uint32_t r;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(h), "r"(0x64806480u));
+  return r;
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float lg2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+__device__ __forceinline__ float2 unpack_h2(uint32_t v) {
+  return __half22float2(*reinterpret_cast<__half2*>(&v));
+}
+
+template <int W>
+__device__ __forceinline__ void load_words(const int8_t* p, uint32_t (&w)[W]) {
+  if constexpr (W == 2) {
+    uint2 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+                 : "=r"(r.x), "=r"(r.y) : "l"(p));
+    w[0] = r.x;
+    w[1] = r.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < W / 4; ++i) {
+      const int4 r = ldg_stream(reinterpret_cast<const int4*>(p) + i);
+      w[4 * i + 0] = static_cast<uint32_t>(r.x);
+      w[4 * i + 1] = static_cast<uint32_t>(r.y);
+      w[4 * i + 2] = static_cast<uint32_t>(r.z);
+      w[4 * i + 3] = static_cast<uint32_t>(r.w);
+    }
+  }
+}
+
+}  // namespace mmak
+
+template <typename T, int D, int NS>
+__device__ __forceinline__ void decode_mma_impl(
+    const T* __restrict__ q, const int8_t* __restrict__ k_cache,
+    const int8_t* __restrict__ v_cache, const float* __restrict__ k_scale,
+    const float* __restrict__ v_scale, const int* __restrict__ block_tables, int bt_stride,
+    const int* __restrict__ seq_lens, float* __restrict__ part_ml, float* __restrict__ part_acc,
+    int num_kv_heads, int G, int block_shift, int part_size, int max_parts, float scale_log2) {
+  using namespace mmak;
+  constexpr int KW = D / 16;  // K words per lane per token = k-chunks of 16 dims
+  constexpr int VW = D / 32;  // V words per lane per token
+  constexpr int NT = D / 8;   // PV n-tiles
+  constexpr int TPI = 16 * NS;
+  extern __shared__ float smem[];
+
+  const int part = blockIdx.x;
+  const int kvh = blockIdx.y;
+  const int seq = blockIdx.z;
+  const int seq_len = seq_lens[seq];
+  const int t0 = part * part_size;
+  if (t0 >= seq_len) return;
+  const int n = min(part_size, seq_len - t0);
+  const int block_mask = (1 << block_shift) - 1;
+  const int nblk = (n + block_mask) >> block_shift;
+  const int bt_cap = ((part_size >> block_shift) + 3) & ~3;
+  int* bt_s = reinterpret_cast<int*>(smem);
+  float* red_ml = smem + bt_cap;          // [kWarps][8][2]
+  float* red_acc = red_ml + kWarps * 16;  // [kWarps][G][D]
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int H = num_kv_heads * G;
+
+  const int* bt = block_tables + (long long)seq * bt_stride + (t0 >> block_shift);
+  for (int i = tid; i < nblk; i += kThreads) bt_s[i] = bt[i];
+
+  // Q: head g (zero rows for g >= G), dims t*D/4 .. t*D/4 + D/4 - 1, scaled by 2^e into fp16.
+  uint32_t qa[KW][2];
+  float qscale;
+  {
+    float qf[D / 4];
+    const bool hv = g < G;
+    const T* qp = q + ((long long)seq * H + (long long)kvh * G + (hv ? g : 0)) * D + t * (D / 4);
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < D / 4; ++j) {
+      qf[j] = hv ? Conv<T>::to_float(qp[j]) : 0.f;
+      amax = fmaxf(amax, fabsf(qf[j]));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    int e = 0;
+    if (amax > 0.f && amax < INFINITY) {
+      int ex;
+      frexpf(amax, &ex);  // amax < 2^ex
+      e = min(max(15 - ex, -120), 120);
+    }
+    const float f = ldexpf(1.f, e);
+#pragma unroll
+    for (int c = 0; c < KW; ++c) {
+      qa[c][0] = pack_h2(qf[4 * c + 0] * f, qf[4 * c + 1] * f);
+      qa[c][1] = pack_h2(qf[4 * c + 2] * f, qf[4 * c + 3] * f);
+    }
+    qscale = scale_log2 * ldexpf(1.f, -e);
+  }
+  __syncthreads();
+
+  const long long nkvh = num_kv_heads;
+  const bool fast = block_shift >= 4;
+  const int last16 = (n - 1) & ~15;
+
+  float m_run = -INFINITY;
+  float l_run = 0.f;
+  float acc[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+  const int nit = (n + TPI - 1) / TPI;
+  for (int it = warp; it < nit; it += kWarps) {
+    const int base = it * TPI;
+    uint32_t kr[NS][2][KW];
+    uint32_t vr[NS][4][VW];
+    float ks[NS][4], vs[NS][4];
+#pragma unroll
+    for (int s = 0; s < NS; ++s) {
+      const int b16 = base + 16 * s;
+      long long rk[2], rv[4];
+      if (fast) {
+        const int bc = min(b16, last16);
+        const long long row0 =
+            (((long long)bt_s[bc >> block_shift] << block_shift) | ((t0 + bc) & block_mask)) *
+                nkvh + kvh;
+        rk[0] = row0 + g * nkvh;
+        rk[1] = row0 + (8 + g) * nkvh;
+#pragma unroll
+        for (int r = 0; r < 4; ++r) rv[r] = row0 + ((r >> 1) * 8 + 2 * t + (r & 1)) * nkvh;
+      } else {
+        auto row_of = [&](int tl) -> long long {
+          const int c = min(tl, n - 1);
+          return (((long long)bt_s[c >> block_shift] << block_shift) | ((t0 + c) & block_mask)) *
+                     nkvh + kvh;
+        };
+        rk[0] = row_of(b16 + g);
+        rk[1] = row_of(b16 + 8 + g);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) rv[r] = row_of(b16 + (r >> 1) * 8 + 2 * t + (r & 1));
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) load_words<KW>(k_cache + rk[j] * D + t * (D / 4), kr[s][j]);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        load_words<VW>(v_cache + rv[r] * D + g * (D / 8), vr[s][r]);
+        ks[s][r] = __ldg(k_scale + rv[r]);
+        vs[s][r] = __ldg(v_scale + rv[r]);
+      }
+    }
+
+    // QK and the scores of row g: tokens b16 + 8j + 2t + e  <->  index r = 2j + e
+    float sl[NS][4], sp[NS][4];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < NS; ++s) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int cc = 0; cc < KW; ++cc) {
+          const uint32_t u = kr[s][j][cc] ^ 0x80808080u;
+          mma16816(c, qa[cc][0], 0u, qa[cc][1], 0u, h2_from_ob(u, 0x4140), h2_from_ob(u, 0x4342));
+        }
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int r = 2 * j + e;
+          const bool valid = base + 16 * s + 8 * j + 2 * t + e < n;
+          const float x = c[e] * (ks[s][r] * qscale);
+          sl[s][r] = valid ? x : -INFINITY;
+          sp[s][r] = valid ? x + lg2(fmaxf(vs[s][r], 1e-30f)) : -INFINITY;
+          mx = fmaxf(mx, sp[s][r]);
+        }
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run, mx);
+    if (__any_sync(0xffffffffu, m_new > m_run)) {
+      const float alpha = ex2(m_run - m_new);
+      l_run *= alpha;
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        acc[i][0] *= alpha;
+        acc[i][1] *= alpha;
+        acc[i][2] *= alpha;
+        acc[i][3] *= alpha;
+      }
+    }
+    m_run = m_new;
+
+#pragma unroll
+    for (int s = 0; s < NS; ++s) {
+      uint32_t ph[2], pl[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float p0 = ex2(sp[s][2 * j] - m_new);
+        const float p1 = ex2(sp[s][2 * j + 1] - m_new);
+        l_run += ex2(sl[s][2 * j] - m_new) + ex2(sl[s][2 * j + 1] - m_new);
+        ph[j] = pack_h2(p0, p1);
+        const float2 back = unpack_h2(ph[j]);
+        pl[j] = pack_h2(p0 - back.x, p1 - back.y);
+      }
+#pragma unroll
+      for (int w = 0; w < VW; ++w) {
+        const uint32_t u0 = vr[s][0][w] ^ 0x80808080u, u1 = vr[s][1][w] ^ 0x80808080u;
+        const uint32_t u2 = vr[s][2][w] ^ 0x80808080u, u3 = vr[s][3][w] ^ 0x80808080u;
+        const uint32_t x01 = __byte_perm(u0, u1, 0x5140), y01 = __byte_perm(u0, u1, 0x7362);
+        const uint32_t x23 = __byte_perm(u2, u3, 0x5140), y23 = __byte_perm(u2, u3, 0x7362);
+        mma16816(acc[4 * w + 0], ph[0], pl[0], ph[1], pl[1], h2_from_ob(x01, 0x4140),
+                 h2_from_ob(x23, 0x4140));
+        mma16816(acc[4 * w + 1], ph[0], pl[0], ph[1], pl[1], h2_from_ob(x01, 0x4342),
+                 h2_from_ob(x23, 0x4342));
+        mma16816(acc[4 * w + 2], ph[0], pl[0], ph[1], pl[1], h2_from_ob(y01, 0x4140),
+                 h2_from_ob(y23, 0x4140));
+        mma16816(acc[4 * w + 3], ph[0], pl[0], ph[1], pl[1], h2_from_ob(y01, 0x4342),
+                 h2_from_ob(y23, 0x4342));
+      }
+    }
+  }
+
+  // ---- merge the four warps
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  if (t == 0) {
+    red_ml[(warp * 8 + g) * 2 + 0] = m_run;
+    red_ml[(warp * 8 + g) * 2 + 1] = l_run;
+  }
+  if (g < G) {
+    float* ra = red_acc + (warp * G + g) * D;
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      ra[(2 * t) * (D / 8) + i] = acc[i][0] + acc[i][2];
+      ra[(2 * t + 1) * (D / 8) + i] = acc[i][1] + acc[i][3];
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < G * D; i += kThreads) {
+    const int h = i / D;
+    const int d = i % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, red_ml[(w * 8 + h) * 2]);
+    float L = 0.f, a = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float wt = ex2(red_ml[(w * 8 + h) * 2] - M);
+      L = fmaf(wt, red_ml[(w * 8 + h) * 2 + 1], L);
+      a = fmaf(wt, red_acc[(w * G + h) * D + d], a);
+    }
+    const long long o = ((long long)seq * H + kvh * G + h) * max_parts + part;
+    part_acc[o * D + d] = a;
+    if (d == 0) {
+      part_ml[o * 2 + 0] = M;
+      part_ml[o * 2 + 1] = L;
+    }
+  }
+}
+
 }  // namespace pthfa
 
 #define PTHFA_PART(TN, T, D, G)                                                                  \
@@ -254,11 +567,30 @@ __device__ __forceinline__ void decode_reduce_impl(const float* __restrict__ par
                                     max_parts);                                                  \
   }
 
+
+#define PTHFA_MMA(TN, T, D, NS, SUF, MINB)                                                       \
+  extern "C" __global__ void __launch_bounds__(pthfa::kThreads, MINB)                           \
+      pthfa_decode_mma##NS##SUF##_##TN##_d##D(                                                        \
+          const T* __restrict__ q, const int8_t* __restrict__ k_cache,                           \
+          const int8_t* __restrict__ v_cache, const float* __restrict__ k_scale,                 \
+          const float* __restrict__ v_scale, const int* __restrict__ block_tables,               \
+          int bt_stride, const int* __restrict__ seq_lens, float* __restrict__ part_ml,          \
+          float* __restrict__ part_acc, int num_kv_heads, int gqa, int block_shift,             \
+          int part_size, int max_parts, float scale_log2) {                                      \
+    pthfa::decode_mma_impl<T, D, NS>(q, k_cache, v_cache, k_scale, v_scale, block_tables,       \
+                                     bt_stride, seq_lens, part_ml, part_acc, num_kv_heads, gqa, \
+                                     block_shift, part_size, max_parts, scale_log2);             \
+  }
+
 #define PTHFA_ALL_G(TN, T, D) \
   PTHFA_PART(TN, T, D, 1)     \
   PTHFA_PART(TN, T, D, 2)     \
   PTHFA_PART(TN, T, D, 4)     \
   PTHFA_PART(TN, T, D, 8)     \
+  PTHFA_MMA(TN, T, D, 1, , 1)  \
+  PTHFA_MMA(TN, T, D, 2, , 1)  \
+  PTHFA_MMA(TN, T, D, 1, b, 4) \
+  PTHFA_MMA(TN, T, D, 2, b, 3) \
   PTHFA_REDUCE(TN, T, D)
 
 PTHFA_ALL_G(bf16, __nv_bfloat16, 64)

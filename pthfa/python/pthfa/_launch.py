@@ -102,6 +102,22 @@ def _launch(device: int, name: str, grid: tuple[int, ...], block: tuple[int, ...
         fn(grid, block, args, shared_mem=shared_mem)
 
 
+IMPLS = ("simt", "mma1", "mma2", "mma1b", "mma2b")
+
+
+def decode_impl(head_dim: int, part_size: int = 2048) -> str:
+    """The partition kernel: $PTHFA_IMPL if set (one of IMPLS); else the tensor-core kernel
+    with 16-token warp steps (mma1, fastest variant on the H200, 2026-11-29) when the grid
+    allows partitions of >= 1024 tokens, the CUDA-core kernel (simt) for small grids, where
+    it measured faster."""
+    impl = os.environ.get("PTHFA_IMPL", "")
+    if impl:
+        if impl not in IMPLS:
+            raise ValueError(f"PTHFA_IMPL must be one of {IMPLS}, got {impl!r}")
+        return impl
+    return "mma1" if part_size >= 1024 else "simt"
+
+
 def _ptr(t: Any) -> Any:
     import numpy as np
 
@@ -158,8 +174,11 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
         return out
     if part_size is None:
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-        part_size = V.choose_part_size(a.num_seqs, a.num_kv_heads, max_seq_len, a.block_size,
-                                       a.gqa, a.head_dim, sms)
+        part_size = V.choose_part_size_mma(a.num_seqs, a.num_kv_heads, max_seq_len,
+                                           a.block_size, sms)
+        if decode_impl(a.head_dim, part_size) == "simt":
+            part_size = V.choose_part_size(a.num_seqs, a.num_kv_heads, max_seq_len,
+                                           a.block_size, a.gqa, a.head_dim, sms)
     else:
         V.check_part_size(part_size, a.block_size, a.gqa, a.head_dim)
     max_parts = max(1, math.ceil(max_seq_len / part_size))
@@ -170,16 +189,29 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
                            dtype=torch.float32, device=dev)
     block_shift = a.block_size.bit_length() - 1
     if max_seq_len > 0:
-        _launch(
-            a.device, f"pthfa_decode_part_{a.dtype}_d{a.head_dim}_g{a.gqa}",
-            (max_parts, a.num_kv_heads, a.num_seqs), (V.THREADS,),
-            (_ptr(query), _ptr(k_cache), _ptr(v_cache), _ptr(k_scale), _ptr(v_scale),
-             _ptr(block_tables), np.int32(a.bt_stride), _ptr(seq_lens), _ptr(part_ml),
-             _ptr(part_acc), np.int32(a.num_kv_heads), np.int32(block_shift),
-             np.int32(part_size), np.int32(max_parts),
-             np.float32(float(sm_scale) * math.log2(math.e))),
-            shared_mem=V.smem_bytes(part_size, a.block_size, a.gqa, a.head_dim),
-        )
+        impl = decode_impl(a.head_dim, part_size)
+        if impl == "simt":
+            _launch(
+                a.device, f"pthfa_decode_part_{a.dtype}_d{a.head_dim}_g{a.gqa}",
+                (max_parts, a.num_kv_heads, a.num_seqs), (V.THREADS,),
+                (_ptr(query), _ptr(k_cache), _ptr(v_cache), _ptr(k_scale), _ptr(v_scale),
+                 _ptr(block_tables), np.int32(a.bt_stride), _ptr(seq_lens), _ptr(part_ml),
+                 _ptr(part_acc), np.int32(a.num_kv_heads), np.int32(block_shift),
+                 np.int32(part_size), np.int32(max_parts),
+                 np.float32(float(sm_scale) * math.log2(math.e))),
+                shared_mem=V.smem_bytes(part_size, a.block_size, a.gqa, a.head_dim),
+            )
+        else:
+            _launch(
+                a.device, f"pthfa_decode_{impl}_{a.dtype}_d{a.head_dim}",
+                (max_parts, a.num_kv_heads, a.num_seqs), (V.THREADS,),
+                (_ptr(query), _ptr(k_cache), _ptr(v_cache), _ptr(k_scale), _ptr(v_scale),
+                 _ptr(block_tables), np.int32(a.bt_stride), _ptr(seq_lens), _ptr(part_ml),
+                 _ptr(part_acc), np.int32(a.num_kv_heads), np.int32(a.gqa),
+                 np.int32(block_shift), np.int32(part_size), np.int32(max_parts),
+                 np.float32(float(sm_scale) * math.log2(math.e))),
+                shared_mem=V.smem_bytes_mma(part_size, a.block_size, a.gqa, a.head_dim),
+            )
     _launch(
         a.device, f"pthfa_decode_reduce_{a.dtype}_d{a.head_dim}", (a.num_heads, a.num_seqs),
         (a.head_dim,),

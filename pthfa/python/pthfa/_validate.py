@@ -217,6 +217,13 @@ def smem_bytes(part_size: int, block_size: int, gqa: int, head_dim: int) -> int:
     return 4 * (bt_cap + max(part_size * gqa, WARPS * gqa * head_dim))
 
 
+def smem_bytes_mma(part_size: int, block_size: int, gqa: int, head_dim: int) -> int:
+    """Dynamic shared memory of the tensor-core partition kernel (must match decode.cu):
+    the block-table slice, (m, l) of 8 rows per warp, and each warp's [gqa, head_dim] output."""
+    bt_cap = ((part_size // block_size) + 3) & ~3
+    return 4 * (bt_cap + WARPS * 16 + WARPS * gqa * head_dim)
+
+
 def check_part_size(part_size: Any, block_size: int, gqa: int, head_dim: int) -> int:
     if not isinstance(part_size, int) or isinstance(part_size, bool):
         raise TypeError(f"part_size must be an int, got {type(part_size).__name__}")
@@ -237,6 +244,19 @@ def choose_part_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_s
     the grid at least 2 CTAs per SM: the flash-decoding split."""
     cands = [p for p in (512, 256, 128, 64) if p >= block_size
              and smem_bytes(p, block_size, gqa, head_dim) <= SMEM_DEFAULT] or [block_size]
+    for p in cands:
+        if num_seqs * num_kv_heads * -(-max(max_seq_len, 1) // p) >= 2 * num_sms:
+            return p
+    return cands[-1]
+
+
+def choose_part_size_mma(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int,
+                         num_sms: int) -> int:
+    """For the tensor-core kernel (no per-token shared memory): the largest partition, 2048
+    down to 64 tokens (never below block_size), that still gives the grid at least 2 CTAs per
+    SM. Fewer, longer CTAs amortize each CTA's fixed start (block-table and query loads) and
+    end (the merge of the warps and the scratch write)."""
+    cands = [p for p in (2048, 1024, 512, 256, 128, 64) if p >= block_size] or [block_size]
     for p in cands:
         if num_seqs * num_kv_heads * -(-max(max_seq_len, 1) // p) >= 2 * num_sms:
             return p
