@@ -104,7 +104,7 @@ def test_failing_hunk_names_patch_file_hunk_and_stores_nothing(project: Project,
 def test_failure_says_when_the_context_stands_elsewhere(project: Project) -> None:
     # the hunk expects "route_3" body lines that were moved: its context is found elsewhere
     moved = SERVER.replace("def route_3():\n    return 3\n\n", "") + "def route_3():\n    return 3\n\n"
-    from tests.engine_fixtures import make_wheel, make_project, sha256, FILES
+    from tests.engine_fixtures import FILES, make_project, make_wheel, sha256
 
     files = dict(FILES)
     files["vllm/server.py"] = moved

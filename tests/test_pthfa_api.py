@@ -10,8 +10,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pthfa" / "python"))
 
-from pthfa import _validate as V  # noqa: E402
-from pthfa import find_cubin  # noqa: E402
+from pthfa import _validate as V
+from pthfa import find_cubin
 
 
 @dataclass

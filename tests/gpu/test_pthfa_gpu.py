@@ -23,8 +23,9 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU visible to torch", allow_module_level=True)
 pytest.importorskip("cupy", reason="CuPy is not installed: the pthfa launcher needs it")
 
-import pthfa  # noqa: E402
 from pthfa.reference import attention_ref, gather_kv, quantize_ref  # noqa: E402
+
+import pthfa  # noqa: E402
 
 DEV = "cuda"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
