@@ -138,7 +138,7 @@ def bench_sdpa(b: int, ctx: int, gen: torch.Generator) -> tuple[float, int, str]
             best = (t, backend.name.lower(), how)
         if backend == SDPBackend.CUDNN_ATTENTION and best is not None:
             break  # skip MATH when a fused backend ran
-    del k, v, q
+    k = v = q = torch.empty(0)  # free the GPU memory (the closures above are done)
     torch.cuda.empty_cache()
     nbytes = case_bytes + 2 * b * H * D * 2
     assert best is not None, "no SDPA backend ran"
@@ -187,7 +187,7 @@ def main() -> int:
                 tp, bp, _ = bench_pthfa(b, ctx, gen)
                 cells.append(f"{b}x{ctx}: {tp * 1e6:.1f} us {bp / tp / 1e9:.0f} GB/s "
                              f"({100 * bp / tp / bw:.0f}%)")
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 cells.append(f"{b}x{ctx}: failed: {exc}")
             torch.cuda.empty_cache()
         lines.append(f"- {impl}: " + "; ".join(cells))

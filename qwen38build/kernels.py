@@ -273,7 +273,7 @@ def write_pthfa_wheel(
     tmp = out.with_name(out.name + ".tmp")
     date_time = _zip_time(epoch)
     # RECORD last, as the wheel spec recommends; everything else sorted.
-    order = sorted(n for n in files if n != record_name) + [record_name]
+    order = [*sorted(n for n in files if n != record_name), record_name]
     with zipfile.ZipFile(tmp, "w") as zf:
         for name in order:
             info = zipfile.ZipInfo(name, date_time=date_time)

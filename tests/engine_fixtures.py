@@ -59,8 +59,7 @@ def git_diff(old: str, new: str, rel: str, tmp: Path) -> str:
         ["git", "diff", "--no-index", "--no-color", "--no-ext-diff", "-U3",
          f"a/{rel}", f"b/{rel}"], cwd=tmp, capture_output=True, text=True, check=False,
     )
-    out = proc.stdout.replace(f"a/a/{rel}", f"a/{rel}").replace(f"b/b/{rel}", f"b/{rel}")
-    return out
+    return proc.stdout.replace(f"a/a/{rel}", f"a/{rel}").replace(f"b/b/{rel}", f"b/{rel}")
 
 
 def patch_text(topic: str, diff: str, *, kind: str = "fix", pin: str = VERSION) -> str:

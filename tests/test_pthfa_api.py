@@ -146,7 +146,7 @@ def test_part_size() -> None:
 
 
 def test_find_cubin(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="no pthfa cubin for compute capability 9.0"):
+    with pytest.raises(FileNotFoundError, match=r"no pthfa cubin for compute capability 9\.0"):
         find_cubin(9, 0, tmp_path)
     (tmp_path / "compute_80.ptx").write_text("ptx")
     assert find_cubin(9, 0, tmp_path).name == "compute_80.ptx"
