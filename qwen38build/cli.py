@@ -7,16 +7,18 @@ the commands so that a no-op ``build`` answers from the fast path in a few milli
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from qwen38build.errors import ExitCode, Qwen38BuildError, UsageError
 
+# Not typing.TYPE_CHECKING: importing typing alone costs a tenth of the no-op budget.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import argparse
+    from typing import Any
+
     from qwen38build.plan import Plan
     from qwen38build.recipe import LoadedRecipe
     from qwen38build.store import Store
@@ -49,6 +51,8 @@ def load_plan(loaded: LoadedRecipe) -> Plan:
 
 
 def emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    import json
+
     print(json.dumps(data, indent=2, sort_keys=True) if getattr(args, "json", False) else text)
 
 
@@ -56,19 +60,12 @@ def emit(args: argparse.Namespace, data: Any, text: str) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from qwen38build import fastpath
-
-    store = open_store(args)
-    recipe_path = Path(args.recipe)
-    fp = fastpath.fingerprint(recipe_path)
-    if fp is not None and not args.rebuild:
-        hit = fastpath.lookup(store.root, fp)
-        if hit is not None:
-            return _report_build(args, store, hit["build"], hit["wheel"], recipe_path.parent)
-    from qwen38build import lint, record
+    """The full build; ``main`` has already tried the no-op fast path (unless --rebuild)."""
+    from qwen38build import fastpath, lint, record
     from qwen38build.executor import realise
     from qwen38build.report import make_reporter
 
+    store = open_store(args)
     loaded = load_recipe(args)
     plan = load_plan(loaded)  # checks the lock first: a stale lock is bad input (exit 2)
     reporter = make_reporter(quiet=args.quiet)
@@ -83,9 +80,22 @@ def cmd_build(args: argparse.Namespace) -> int:
     outcomes = realise([plan.top], store, reporter)
     record.write_build(store, plan.top, outcomes, root_name=_root_name(loaded))
     wheel = _wheel_name(store, plan.build_hash)
-    if fp is not None:
-        fastpath.save(store.root, fp, {"build": plan.build_hash, "wheel": wheel})
-    return _report_build(args, store, plan.build_hash, wheel, loaded.root)
+    files, dirs = _read_by_build(loaded)
+    fastpath.save(store.root, loaded.path, files, dirs, plan.build_hash, wheel)
+    return report_build(store.root, plan.build_hash, wheel, loaded.root,
+                        link=not args.no_link, as_json=args.json)
+
+
+def _read_by_build(loaded: LoadedRecipe) -> tuple[list[str], list[str]]:
+    """What a build reads besides recipe.toml (files by bytes, folders by listing)."""
+    r, root = loaded.recipe, loaded.root
+    dirs = [g.dir for g in r.series.groups] + [r.pthfa.path]
+    files = ["lock/sources.json", "fa2/README.md", r.fa2.diff]
+    files += [f"{e.group}/{e.file}" for e in loaded.series_entries()]
+    for dirpath, dirnames, filenames in os.walk(root / r.pthfa.path):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        files += [os.path.relpath(os.path.join(dirpath, f), root) for f in sorted(filenames)]
+    return files, dirs
 
 
 def _pristine_wheel(store: Store, plan: Plan) -> Path | None:
@@ -112,22 +122,24 @@ def _wheel_name(store: Store, build_hash: str) -> str:
     return next((store.objects / build_hash).glob("*.whl")).name
 
 
-def _report_build(
-    args: argparse.Namespace, store: Store, build_hash: str, wheel: str, root: Path
+def report_build(
+    store_root: Path, build_hash: str, wheel: str, root: Path, *, link: bool, as_json: bool
 ) -> int:
-    out_dir = store.objects / build_hash
-    if not args.no_link:
-        link = root / "result"
+    """Point ``result`` at the build (like Nix) and print its hash and wheel."""
+    out_dir = store_root / "objects" / build_hash
+    if link:
         tmp = root / ".result.tmp"
         if tmp.is_symlink() or tmp.exists():
             tmp.unlink()
         tmp.symlink_to(out_dir)
-        os.replace(tmp, link)
-    emit(
-        args,
-        {"build": build_hash, "wheel": str(out_dir / wheel), "store": str(store.root)},
-        f"build {build_hash}\nwheel {out_dir / wheel}",
-    )
+        os.replace(tmp, root / "result")
+    if as_json:
+        import json
+
+        print(json.dumps({"build": build_hash, "wheel": str(out_dir / wheel),
+                          "store": str(store_root)}, indent=2, sort_keys=True))
+    else:
+        print(f"build {build_hash}\nwheel {out_dir / wheel}")
     return ExitCode.OK
 
 
@@ -181,6 +193,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     step = _resolve_step(plan, args.step)
     drv = step.derivation()
     drv["digest"] = step.digest
+    import json
+
     print(json.dumps(drv, indent=2, sort_keys=True))
     return ExitCode.OK
 
@@ -351,6 +365,8 @@ def cmd_kernels(args: argparse.Namespace) -> int:
 def cmd_ci_matrix(args: argparse.Namespace) -> int:
     loaded = load_recipe(args)
     include = [{"arch": a, "sm": a.replace(".", "")} for a in loaded.recipe.cuda.archs]
+    import json
+
     print(json.dumps({"include": include}, separators=(",", ":")))
     return ExitCode.OK
 
@@ -419,6 +435,8 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    import argparse
+
     p = argparse.ArgumentParser(prog="qwen38build", description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", default="recipe.toml", help="the recipe (default: ./recipe.toml)")
@@ -496,7 +514,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    from qwen38build.fastpath import try_noop
+
+    done = try_noop(argv)
+    if done is not None:
+        return done
+    args = parser().parse_args(argv)
     try:
         return int(args.func(args))
     except Qwen38BuildError as exc:

@@ -1,6 +1,6 @@
 """Digests: canonical JSON, sha256 of bytes, files and trees, hash while copying.
 
-Kept free of third-party imports: the no-op build path imports this module.
+Kept free of third-party imports and of typing: the no-op build path imports this module.
 """
 
 from __future__ import annotations
@@ -9,7 +9,10 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, BinaryIO
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, BinaryIO
 
 CHUNK = 1 << 20  # 1 MiB: streaming keeps memory flat whatever the file's size
 

@@ -1,9 +1,12 @@
-"""The no-op build: answer "already built" from a fingerprint of the input files alone.
+"""The no-op build: answer "already built" without loading the recipe.
 
-Validating the recipe (pydantic) and planning cost more than the whole no-op budget, so a
-successful build stores ``fastpath/<fingerprint>.json`` naming its build hash. The
-fingerprint covers the bytes of recipe.toml, the lock, every file of the series folders and
-the engine's own step code; any change misses and takes the full path. Only stdlib here.
+Validating the recipe (pydantic), planning, and even building the argument parser cost
+more than the whole no-op budget. So a successful build leaves
+``fastpath/<sha256 of recipe.toml's bytes>.json``: the files and folders the build read
+(lock, series folders, pthfa, fa2), a fingerprint over their bytes, their folders' listings
+and the engine's code, and the build hash. A no-op re-reads those few files, compares the
+fingerprint and stats the outputs; anything different misses and takes the full path.
+Only the standard library here, and no tomllib: the record says which files to read.
 """
 
 from __future__ import annotations
@@ -11,69 +14,109 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tomllib
 from pathlib import Path
-from typing import Any
 
 from qwen38build import __version__
 
-_ENGINE = Path(__file__).parent
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+_ENGINE = os.path.dirname(os.path.abspath(__file__))
+DIR = "fastpath"
 
 
-def fingerprint(recipe_path: Path) -> str | None:
-    """sha256 over everything a build reads; None when the recipe cannot even be parsed."""
-    h = hashlib.sha256(f"qwen38build {__version__}\n".encode())
-    try:
-        raw = recipe_path.read_bytes()
-        data = tomllib.loads(raw.decode())
-    except (OSError, ValueError):
-        return None
-    h.update(raw)
-    root = recipe_path.parent
-    files = [root / "lock" / "sources.json"]
-    try:
-        for group in data["series"]["groups"]:
-            folder = root / str(group["dir"])
-            files.extend(sorted(folder.glob("*.patch")))
-        # The build's lint reads the vendored pthfa files and the fa2 provenance too.
-        files.extend(p for p in sorted((root / str(data["pthfa"].get("path", "pthfa"))).rglob("*"))
-                     if p.is_file() and "__pycache__" not in p.parts)
-        files.append(root / "fa2" / "README.md")
-    except (KeyError, TypeError, AttributeError):
-        return None
-    for f in files:
-        h.update(f"\0{f.relative_to(root)}\0".encode())
+def _key(recipe_bytes: bytes) -> str:
+    return hashlib.sha256(f"qwen38build {__version__}\0".encode() + recipe_bytes).hexdigest()
+
+
+def fingerprint(root: Path, files: list[str], dirs: list[str]) -> str:
+    """sha256 over the listed files' bytes, the listed folders' contents, and the engine."""
+    h = hashlib.sha256()
+    for rel in files:
+        h.update(f"\0f {rel}\0".encode())
         try:
-            h.update(f.read_bytes())
+            with open(os.path.join(root, rel), "rb") as f:
+                h.update(f.read())
         except OSError:
             h.update(b"<missing>")
-    for code in sorted(_ENGINE.rglob("*.py")):
-        st = code.stat()
-        h.update(f"\0{code.relative_to(_ENGINE)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    for rel in dirs:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, rel)):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            h.update(f"\0d {os.path.relpath(dirpath, root)}\0{sorted(filenames)}".encode())
+    for dirpath, dirnames, filenames in os.walk(_ENGINE):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                st = os.stat(os.path.join(dirpath, name))
+                h.update(f"\0{dirpath}/{name}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()
 
 
-def lookup(store_root: Path, fp: str) -> dict[str, Any] | None:
-    """The recorded build for this fingerprint, if its outputs are still intact by stat."""
+def lookup(store_root: Path, recipe_path: Path) -> dict[str, Any] | None:
+    """The recorded build for this recipe if every input and output is as recorded."""
     try:
-        rec: dict[str, Any] = json.loads((store_root / "fastpath" / f"{fp}.json").read_bytes())
-        meta = json.loads((store_root / "objects" / f"{rec['build']}.json").read_bytes())
+        with open(recipe_path, "rb") as f:
+            key = _key(f.read())
+        with open(os.path.join(store_root, DIR, f"{key}.json"), "rb") as f:
+            rec: dict[str, Any] = json.loads(f.read())
+        root = Path(os.path.dirname(os.path.abspath(recipe_path)))
+        if rec["root"] != str(root) or fingerprint(root, rec["files"], rec["dirs"]) != rec["fp"]:
+            return None
+        with open(os.path.join(store_root, "objects", f"{rec['build']}.json"), "rb") as f:
+            meta = json.loads(f.read())
+        out = os.path.join(store_root, "objects", rec["build"])
+        for name, r in meta["outputs"].items():
+            st = os.stat(os.path.join(out, name))
+            if st.st_size != r["size"] or st.st_mtime_ns != r["mtime_ns"]:
+                return None
     except (OSError, ValueError, KeyError):
         return None
-    out = store_root / "objects" / rec["build"]
-    for name, r in meta["outputs"].items():
-        try:
-            st = os.stat(out / name)
-        except OSError:
-            return None
-        if st.st_size != r["size"] or st.st_mtime_ns != r["mtime_ns"]:
-            return None
     return rec
 
 
-def save(store_root: Path, fp: str, record: dict[str, Any]) -> None:
-    d = store_root / "fastpath"
+def save(
+    store_root: Path, recipe_path: Path, files: list[str], dirs: list[str], build: str,
+    wheel: str,
+) -> None:
+    """Record a successful build for the next no-op (written atomically)."""
+    root = recipe_path.resolve().parent
+    key = _key(recipe_path.read_bytes())
+    rec = {"root": str(root), "files": files, "dirs": dirs,
+           "fp": fingerprint(root, files, dirs), "build": build, "wheel": wheel}
+    d = store_root / DIR
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{fp}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(record, sort_keys=True))
-    os.replace(tmp, d / f"{fp}.json")
+    tmp = d / f".{key}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(rec, sort_keys=True))
+    os.replace(tmp, d / f"{key}.json")
+
+
+def try_noop(argv: list[str]) -> int | None:
+    """Answer ``[--recipe R] [--store S] build [--no-link] [-q] [--json]`` from the record.
+
+    Returns None for any other command line, or when anything changed: then the full CLI
+    runs. Kept to exactly the flags it understands, so it can never mean something else.
+    """
+    opts: dict[str, str] = {}
+    flags: set[str] = set()
+    i = 0
+    while i < len(argv) and argv[i] in ("--recipe", "--store") and i + 1 < len(argv):
+        opts[argv[i]] = argv[i + 1]
+        i += 2
+    if argv[i : i + 1] != ["build"]:
+        return None
+    for arg in argv[i + 1 :]:
+        if arg not in ("--no-link", "-q", "--quiet", "--json"):
+            return None
+        flags.add(arg)
+    from qwen38build.store import default_root
+
+    store = Path(opts["--store"]) if "--store" in opts else default_root()
+    recipe = Path(opts.get("--recipe", "recipe.toml"))
+    rec = lookup(store, recipe)
+    if rec is None:
+        return None
+    from qwen38build.cli import report_build
+
+    return report_build(store, rec["build"], rec["wheel"], Path(rec["root"]),
+                        link="--no-link" not in flags, as_json="--json" in flags)

@@ -21,16 +21,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import stat
-import tempfile
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from qwen38build.digest import sha256_file, tree_digest
 from qwen38build.errors import StoreError
+
+# The no-op build imports this module (for default_root): typing, dataclasses, shutil and
+# tempfile would cost more than the rest of it, so they stay out of its import.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from typing import Any
 
 ENV_STORE = "QWEN38BUILD_STORE"
 
@@ -44,13 +46,15 @@ def default_root() -> Path:
     return Path(base) / "qwen38build" / "store"
 
 
-@dataclass(frozen=True)
 class Entry:
     """A committed store entry: where its files are and what they were when written."""
 
-    digest: str
-    path: Path
-    meta: dict[str, Any]
+    __slots__ = ("digest", "meta", "path")
+
+    def __init__(self, digest: str, path: Path, meta: dict[str, Any]) -> None:
+        self.digest = digest
+        self.path = path
+        self.meta = meta
 
     @property
     def outputs(self) -> dict[str, dict[str, Any]]:
@@ -143,6 +147,8 @@ class Store:
         """
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.objects.mkdir(parents=True, exist_ok=True)
+        import tempfile
+
         work = Path(tempfile.mkdtemp(prefix=f"{digest[:12]}.", dir=self.tmp))
         try:
             out = work / "out"
@@ -187,6 +193,8 @@ class Store:
         if not dest.exists():
             self.sources.mkdir(parents=True, exist_ok=True)
             tmp = self.sources / f".{digest}.{os.getpid()}.tmp"
+            import shutil
+
             shutil.copyfile(path, tmp)
             os.chmod(tmp, 0o444)
             _fsync_file(tmp)
@@ -267,4 +275,6 @@ def remove_tree(path: Path) -> None:
     for dirpath, _, _ in os.walk(path):
         with contextlib.suppress(OSError):
             os.chmod(dirpath, stat.S_IRWXU)
+    import shutil
+
     shutil.rmtree(path)

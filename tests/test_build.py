@@ -18,6 +18,7 @@ from qwen38build.executor import realise
 from qwen38build.plan import make_plan
 from qwen38build.report import Reporter
 from qwen38build.store import Store
+from tests.conftest import ENVS as ENVS_TEXT
 from tests.conftest import SERVER, Project
 from tests.engine_fixtures import record_hash
 
@@ -228,3 +229,47 @@ def test_recipe_errors_exit_2_and_name_key_paths(project: Project, capsys) -> No
     assert "cuda.archs.1: 'banana' is not a CUDA arch" in err
     assert "cuda.colour: unknown key" in err
     assert not project.store.exists()
+
+
+NOOP_PROBE = """
+import sys
+from qwen38build.cli import main
+code = main(sys.argv[1:])
+print("heavy:", sorted(m for m in ("pydantic", "argparse", "rich", "qwen38build.recipe")
+                       if m in sys.modules))
+raise SystemExit(code)
+"""
+
+
+def _noop(p: Project) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", NOOP_PROBE, "--recipe", str(p.root / "recipe.toml"),
+         "--store", str(p.store), "build", "--no-link"],
+        capture_output=True, text=True, cwd=REPO, check=False,
+        env={**os.environ, "QWEN38BUILD_SOURCES": str(p.wheels)},
+    )
+
+
+def test_noop_build_answers_without_loading_the_recipe(project: Project) -> None:
+    first = _noop(project)
+    assert first.returncode == 0 and "pydantic" in first.stdout  # the full path ran
+    again = _noop(project)
+    assert again.returncode == 0
+    assert "heavy: []" in again.stdout
+    assert again.stdout.splitlines()[0] == first.stdout.splitlines()[0]  # same build hash
+
+
+@pytest.mark.parametrize("change", ["patch", "new-file", "pthfa", "lock"])
+def test_noop_fast_path_misses_when_an_input_changes(project: Project, change: str) -> None:
+    _noop(project)
+    if change == "patch":
+        project.patch("knob", "envs.py", ENVS_TEXT, ENVS_TEXT.replace("KNOB_9 = 9\n", "KNOB_9 = 99\n"))
+    elif change == "new-file":
+        (project.root / "patches" / "stray.patch").write_text("x\n")
+    elif change == "pthfa":
+        (project.root / "pthfa" / "PIN").write_text("v0.2.0\n")
+    else:
+        lock_file = project.root / "lock" / "sources.json"
+        lock_file.write_text(lock_file.read_text().replace('"size"', '"size" ', 1))
+    result = _noop(project)
+    assert "pydantic" in result.stdout  # the full path ran: validation and lint saw the change
