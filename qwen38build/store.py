@@ -220,8 +220,15 @@ class Store:
 
 
 def _seal(out: Path, known: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """fsync every file, make it read-only, and record size, mtime and sha256."""
-    outputs: dict[str, dict[str, Any]] = {}
+    """fsync every file, make it read-only, and record size, mtime and sha256.
+
+    The fsyncs and the hashing run on a small thread pool (both release the GIL): the
+    filesystem's journal commits concurrent fsyncs together, and a large output is hashed
+    while the others are flushed.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    files: dict[str, Path] = {}
     for dirpath, dirnames, filenames in os.walk(out):
         dirnames.sort()
         for name in sorted(filenames):
@@ -229,14 +236,17 @@ def _seal(out: Path, known: dict[str, str]) -> dict[str, dict[str, Any]]:
             if p.is_symlink():
                 raise StoreError(f"step output {p.relative_to(out)} is a symlink; refused.")
             os.chmod(p, 0o444 if not os.access(p, os.X_OK) else 0o555)
-            _fsync_file(p)
-            st = p.stat()
-            rel = p.relative_to(out).as_posix()
-            outputs[rel] = {
-                "sha256": known.get(rel) or sha256_file(p),
-                "size": st.st_size,
-                "mtime_ns": st.st_mtime_ns,
-            }
+            files[p.relative_to(out).as_posix()] = p
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        hashes = {rel: pool.submit(sha256_file, p) for rel, p in files.items()
+                  if rel not in known}
+        for done in [pool.submit(_fsync_file, p) for p in files.values()]:
+            done.result()
+        digests = {rel: known.get(rel) or hashes[rel].result() for rel in files}
+    outputs: dict[str, dict[str, Any]] = {}
+    for rel, p in files.items():
+        st = p.stat()
+        outputs[rel] = {"sha256": digests[rel], "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     for dirpath, _, _ in os.walk(out, topdown=False):
         _fsync_dir(Path(dirpath))
         os.chmod(dirpath, 0o555)

@@ -31,6 +31,24 @@ _ZIP64_LIMIT = 0xFFFFFFFF
 DEFAULT_MODE = 0o100644
 
 
+_OPEN: dict[tuple[str, int, int], zipfile.ZipFile] = {}
+
+
+def open_wheel(path: Path) -> zipfile.ZipFile:
+    """A read-only ZipFile for ``path``, shared within the process.
+
+    Reading a 5,000-member central directory costs about 0.1 s; the lint, the patch step
+    and the wheel step all read the same pristine wheel in one build. Keyed by size and
+    mtime, so a changed file is read afresh. Callers must not close it.
+    """
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    z = _OPEN.get(key)
+    if z is None:
+        z = _OPEN[key] = zipfile.ZipFile(path)
+    return z
+
+
 def record_hash(data: bytes) -> str:
     """The RECORD spelling of a sha256: ``sha256=<urlsafe b64, no padding>``."""
     digest = hashlib.sha256(data).digest()
@@ -59,15 +77,12 @@ class PatchedWheel:
         self.pristine = pristine
         self.dist_info = dist_info  # e.g. "vllm-0.32.0.dist-info"
         self.new_dist_info = new_dist_info
-        self._zip = zipfile.ZipFile(pristine)
+        self._zip = open_wheel(pristine)
         self.infos = {i.filename: i for i in self._zip.infolist()}
         for info in self.infos.values():
             safe_member(info.filename)
             if info.header_offset >= _ZIP64_LIMIT or info.compress_size >= _ZIP64_LIMIT:
                 raise InputError(f"{pristine}: member {info.filename} needs ZIP64; not supported.")
-
-    def close(self) -> None:
-        self._zip.close()
 
     def read(self, name: str) -> bytes:
         return self._zip.read(name)
@@ -169,8 +184,7 @@ class PatchedWheel:
                 raise InputError(f"{out}: the patched wheel would need ZIP64; not supported.")
             dst.write(_END.pack(0x06054B50, 0, 0, len(central), len(central), cd_size,
                                 cd_start, 0))
-            dst.flush()
-            os.fsync(dst.fileno())
+            dst.flush()  # the store fsyncs every output when it seals the entry
 
 
 def _copy_range(src: io.BufferedReader, dst: io.BufferedWriter, start: int, length: int) -> None:
@@ -246,5 +260,4 @@ def _read_record(data: bytes) -> dict[str, tuple[str, int]]:
 
 def read_record(wheel: Path, dist_info: str) -> dict[str, tuple[str, int]]:
     """A wheel's RECORD: member → (record hash, size); RECORD's own line left out."""
-    with zipfile.ZipFile(wheel) as z:
-        return _read_record(z.read(f"{dist_info}/RECORD"))
+    return _read_record(open_wheel(wheel).read(f"{dist_info}/RECORD"))

@@ -8,7 +8,6 @@ and the patches that own it (in order), and for each patch the hunks that needed
 from __future__ import annotations
 
 import json
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from qwen38build.digest import sha256_bytes, sha256_file
 from qwen38build.executor import Context
 from qwen38build.gnupatch import describe_failure, run_patch
 from qwen38build.patchfile import PatchFile
+from qwen38build.wheelzip import open_wheel
 
 KIND = "patch"
 VERSION = 1
@@ -32,21 +32,21 @@ def run(ctx: Context) -> None:
     work = ctx.scratch / "vllm"
     work.mkdir(parents=True)
     pristine: dict[str, str | None] = {}
-    with zipfile.ZipFile(wheel) as z:
-        names = set(z.namelist())
-        for pf in patches:
-            for rel in pf.touched_paths:
-                if rel in pristine:
-                    continue
-                member = f"{package}/{rel}"
-                if member in names:
-                    data = z.read(member)
-                    target = work / rel
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(data)
-                    pristine[rel] = sha256_bytes(data)
-                else:
-                    pristine[rel] = None
+    z = open_wheel(wheel)
+    names = set(z.namelist())
+    for pf in patches:
+        for rel in pf.touched_paths:
+            if rel in pristine:
+                continue
+            member = f"{package}/{rel}"
+            if member in names:
+                data = z.read(member)
+                target = work / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+                pristine[rel] = sha256_bytes(data)
+            else:
+                pristine[rel] = None
     owners: dict[str, list[str]] = {rel: [] for rel in pristine}
     report: list[dict[str, Any]] = []
     for name, pf in zip(series, patches, strict=True):

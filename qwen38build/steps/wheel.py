@@ -52,14 +52,11 @@ def run(ctx: Context) -> None:
 
     ctx.report(f"writing {out_name}")
     pw = PatchedWheel(pristine, dist_info, new_dist_info)
-    try:
-        metadata = _relabel(pw.read(f"{dist_info}/METADATA"), version, new_version)
-        record = pw.write(
-            ctx.out / out_name, replace=replace, delete=delete,
-            dist_info_files={"METADATA": metadata},
-        )
-    finally:
-        pw.close()
+    metadata = _relabel(pw.read(f"{dist_info}/METADATA"), version, new_version)
+    record = pw.write(
+        ctx.out / out_name, replace=replace, delete=delete,
+        dist_info_files={"METADATA": metadata},
+    )
     _check(ctx.out / out_name, replace, record)
     manifest: dict[str, Any] = {
         "name": name,
