@@ -240,7 +240,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 def _manifest(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     from qwen38build.record import read_build, roots
-    from qwen38build.steps.wheel import read_manifest
+    from qwen38build.verify import read_manifest
 
     store = open_store(args)
     build = args.build

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwen38build.errors import UsageError
-from qwen38build.executor import Outcome
 from qwen38build.step import Step, closure
-from qwen38build.store import Store
+
+if TYPE_CHECKING:
+    from qwen38build.executor import Outcome
+    from qwen38build.store import Store
 
 RECORD_FORMAT = 1
 

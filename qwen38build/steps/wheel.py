@@ -17,11 +17,11 @@ from typing import Any
 from qwen38build.errors import CheckFailed
 from qwen38build.executor import Context
 from qwen38build.steps import patch as patch_step
+from qwen38build.verify import MANIFEST
 from qwen38build.wheelzip import PatchedWheel, record_hash
 
 KIND = "wheel"
 VERSION = 2
-MANIFEST = "manifest.json"
 LABEL = "q38"
 
 
@@ -94,7 +94,3 @@ def _check(wheel: Path, replace: dict[str, bytes], record: dict[str, tuple[str, 
             if record_hash(z.read(member)) != record_hash(data):
                 raise CheckFailed(f"{wheel.name}: member {member} was not written as patched.")
 
-
-def read_manifest(out: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((out / MANIFEST).read_text())
-    return data
