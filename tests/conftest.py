@@ -25,7 +25,7 @@ class Project:
                      *argv])
 
     def patch(self, topic: str, rel: str, old: str, new: str) -> Path:
-        return write_patch(self.root, topic, rel, old, new, self.tmp / "diffs")
+        return write_patch(self.root, "patches", topic, [(rel, old, new)], self.tmp / "diffs")
 
 
 SERVER = FILES["vllm/server.py"]

@@ -1,5 +1,8 @@
-"""Tiny real inputs for the engine tests: a wheel (a zip with a true RECORD), a project
-directory with recipe.toml, lock/ and a patch series, all made in a few lines."""
+"""Tiny real inputs for the tests: a wheel (a zip with a true RECORD), a project directory
+with recipe.toml, lock/ and a patch series cut with git, all made in a few lines.
+
+One set of makers for every test module (the engine's, the workspace's and the bump's).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +10,12 @@ import base64
 import hashlib
 import json
 import subprocess
-import textwrap
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 VERSION = "0.0.1"
-WHEEL = f"vllm-{VERSION}-cp38-abi3-manylinux_2_28_x86_64.whl"
+PLATFORM = "manylinux_2_28_x86_64"
 
 FILES = {
     "vllm/__init__.py": "__version__ = '0.0.1'\n",
@@ -26,18 +29,32 @@ def record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def make_wheel(dest: Path, files: dict[str, str] | None = None, version: str = VERSION) -> Path:
-    """A real wheel: deflated members, dist-info with METADATA, WHEEL and a true RECORD."""
-    files = dict(FILES if files is None else files)
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def wheel_name(version: str) -> str:
+    return f"vllm-{version}-cp38-abi3-{PLATFORM}.whl"
+
+
+def make_wheel(
+    dest: Path, files: dict[str, str] | dict[str, str | bytes] | None = None,
+    version: str = VERSION,
+) -> Path:
+    """A real wheel: ``files`` by member name (default FILES), deflated, with a dist-info
+    holding METADATA, WHEEL and a true RECORD."""
+    members: dict[str, bytes] = {
+        n: (c.encode() if isinstance(c, str) else c) for n, c in (files or FILES).items()
+    }
     di = f"vllm-{version}.dist-info"
-    files[f"{di}/METADATA"] = f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n\n"
-    files[f"{di}/WHEEL"] = "Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: cp38-abi3-linux_x86_64\n"
-    record = "".join(f"{n},{record_hash(c.encode())},{len(c.encode())}\n" for n, c in files.items())
-    files[f"{di}/RECORD"] = record + f"{di}/RECORD,,\n"
-    path = dest / f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
+    members[f"{di}/METADATA"] = f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n\n".encode()
+    members[f"{di}/WHEEL"] = b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: cp38-abi3-linux_x86_64\n"
+    record = "".join(f"{n},{record_hash(c)},{len(c)}\n" for n, c in members.items())
+    members[f"{di}/RECORD"] = (record + f"{di}/RECORD,,\n").encode()
     dest.mkdir(parents=True, exist_ok=True)
+    path = dest / wheel_name(version)
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        for name, content in files.items():
+        for name, content in members.items():
             info = zipfile.ZipInfo(name, date_time=(2026, 1, 2, 3, 4, 6))
             info.external_attr = 0o100644 << 16
             info.compress_type = zipfile.ZIP_DEFLATED
@@ -45,87 +62,122 @@ def make_wheel(dest: Path, files: dict[str, str] | None = None, version: str = V
     return path
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def git_diff(old: str, new: str, rel: str, tmp: Path) -> str:
-    """A real `git diff --no-index` of two versions of one package file, paths a/<rel>."""
-    a, b = tmp / "a" / rel, tmp / "b" / rel
-    for p, text in ((a, old), (b, new)):
+def git_diff(rel: str, old: str | None, new: str | None, tmp: Path) -> str:
+    """A real ``git diff --no-index`` of two versions of a package file, paths ``a/<rel>``;
+    None on a side is /dev/null (a new or a deleted file)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    sides = []
+    for side, text in (("a", old), ("b", new)):
+        if text is None:
+            sides.append("/dev/null")
+            continue
+        p = tmp / side / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
+        sides.append(f"{side}/{rel}")
     proc = subprocess.run(
-        ["git", "diff", "--no-index", "--no-color", "--no-ext-diff", "-U3",
-         f"a/{rel}", f"b/{rel}"], cwd=tmp, capture_output=True, text=True, check=False,
+        ["git", "diff", "--no-index", "--no-color", "--no-ext-diff", "-U3", *sides],
+        cwd=tmp, capture_output=True, text=True, check=False,
+        env={"PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"},
     )
-    return proc.stdout.replace(f"a/a/{rel}", f"a/{rel}").replace(f"b/b/{rel}", f"b/{rel}")
+    out = proc.stdout.replace(f"a/a/{rel}", f"a/{rel}").replace(f"b/b/{rel}", f"b/{rel}")
+    return out.replace(f"a/b/{rel}", f"a/{rel}").replace(f"b/a/{rel}", f"b/{rel}")
 
 
-def patch_text(topic: str, diff: str, *, kind: str = "fix", pin: str = VERSION) -> str:
+def patch_text(topic: str, diff: str, *, pin: str = VERSION) -> str:
+    """A patch file as the ledger wants it: prose, the five headers, the marker, the diff."""
     return (
-        f"Why {topic} is right.\n\n"
-        f"Kind: {kind}\nWhat: {topic} does a thing\nUpstream: none\n"
+        f"Why {topic} is right: a paragraph of prose.\n"
+        "# a line that starts like a comment stays in the body\n\n"
+        f"Kind: fix\nWhat: {topic} does a thing\nUpstream: none\n"
         f"Cut-against: {pin}\nRetires-when: upstream PR\n"
         f"--- exported from {'ab' * 20} ({topic}); regenerate with qwen38build export, "
         "do not edit ---\n" + diff
     )
 
 
-def write_patch(project: Path, topic: str, rel: str, old: str, new: str, tmp: Path) -> Path:
-    path = project / "patches" / f"{topic}.patch"
-    path.write_text(patch_text(topic, git_diff(old, new, rel, tmp / topic)))
+def write_patch(
+    project: Path, group: str, topic: str,
+    diffs: Sequence[tuple[str, str | None, str | None]], tmp: Path, *, pin: str = VERSION,
+) -> Path:
+    """Write ``<group>/<topic>.patch`` from (file, old text, new text) triples, in path
+    order as git writes them (so an export of an unedited topic gives the same bytes)."""
+    diff = "".join(
+        git_diff(rel, old, new, tmp / topic / str(i))
+        for i, (rel, old, new) in enumerate(sorted(diffs, key=lambda d: d[0]))
+    )
+    path = project / group / f"{topic}.patch"
+    path.write_text(patch_text(topic, diff, pin=pin))
     return path
 
 
-def make_project(root: Path, wheel: Path, topics: list[str]) -> Path:
-    """A project dir: recipe.toml naming ``topics``, lock/ pinning ``wheel``, pthfa/ PIN."""
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "patches").mkdir(exist_ok=True)
-    (root / "kvarn").mkdir(exist_ok=True)
-    (root / "pthfa").mkdir(exist_ok=True)
+RECIPE = """\
+# qwen38build recipe (test): every input of the patched vLLM stack, in one place.
+
+[vllm]
+version = "{pin}"   # the pin: `bump` moves it
+python_tag = "cp38"
+abi_tag = "abi3"
+platform_tag = "{platform}"
+
+[series]
+# Topics retired from the tree.
+retired = ["old-topic"]
+
+# The series, in apply order: the patches/ group first, then kvarn/.
+[[series.groups]]
+dir = "patches"
+patches = [
+{patches}]
+
+[[series.groups]]
+dir = "kvarn"
+patches = [
+{kvarn}]
+
+[fa2]
+repository = "https://example.invalid/flash-attention"
+diff = "fa2/fp8-kv.diff"
+
+[pthfa]
+tag = "v0.1.0"
+path = "pthfa"
+
+[cuda]
+archs = [{archs}]
+
+[toolchain]
+python = "3.12"
+torch = "2.11.0"
+cuda = "13.0"
+"""
+
+
+def make_project(
+    root: Path, wheel: Path, patches: list[str], kvarn: list[str] | None = None, *,
+    pin: str = VERSION, archs: Sequence[str] = ("8.6", "sm_90"),
+) -> Path:
+    """A project dir: recipe.toml naming the topics, lock/ pinning ``wheel``, pthfa/ with
+    its PIN and an empty MANIFEST (so the ledger's rules pass)."""
+    for d in ("patches", "kvarn", "pthfa", "fa2", "lock"):
+        (root / d).mkdir(parents=True, exist_ok=True)
     (root / "pthfa" / "PIN").write_text("v0.1.0\n")
     (root / "pthfa" / "MANIFEST").write_text("")
-    series = "".join(f'    "{t}.patch",\n' for t in topics)
-    (root / "recipe.toml").write_text(textwrap.dedent(f"""\
-        [vllm]
-        version = "{VERSION}"
 
-        [series]
-        retired = ["old-topic"]
+    def listing(topics: list[str]) -> str:
+        return "".join(f'    "{t}.patch",\n' for t in topics)
 
-        [[series.groups]]
-        dir = "patches"
-        patches = [
-        {series}]
-
-        [[series.groups]]
-        dir = "kvarn"
-        patches = []
-
-        [fa2]
-        repository = "https://example.invalid/flash-attention"
-        diff = "fa2/fp8-kv.diff"
-
-        [pthfa]
-        tag = "v0.1.0"
-
-        [cuda]
-        archs = ["8.6", "sm_90"]
-
-        [toolchain]
-        python = "3.12"
-        torch = "2.11.0"
-        cuda = "13.0"
-        """))
+    (root / "recipe.toml").write_text(RECIPE.format(
+        pin=pin, platform=PLATFORM, patches=listing(patches), kvarn=listing(kvarn or []),
+        archs=", ".join(f'"{a}"' for a in archs),
+    ))
     lock = {
         "format": 1,
         "sources": [{
-            "name": "vllm", "version": VERSION, "filename": wheel.name, "python_tag": "cp38",
-            "abi_tag": "abi3", "platform_tag": "manylinux_2_28_x86_64",
-            "sha256": sha256(wheel), "size": wheel.stat().st_size,
+            "name": "vllm", "version": pin, "filename": wheel.name, "python_tag": "cp38",
+            "abi_tag": "abi3", "platform_tag": PLATFORM, "sha256": sha256(wheel),
+            "size": wheel.stat().st_size,
         }],
     }
-    (root / "lock").mkdir(exist_ok=True)
-    (root / "lock" / "sources.json").write_text(json.dumps(lock, indent=2))
+    (root / "lock" / "sources.json").write_text(json.dumps(lock, indent=2, sort_keys=True) + "\n")
     return root
