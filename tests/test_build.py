@@ -273,3 +273,26 @@ def test_noop_fast_path_misses_when_an_input_changes(project: Project, change: s
         lock_file.write_text(lock_file.read_text().replace('"size"', '"size" ', 1))
     result = _noop(project)
     assert "pydantic" in result.stdout  # the full path ran: validation and lint saw the change
+
+
+def test_a_patch_path_leaving_the_package_is_refused_and_named(project: Project, capsys) -> None:  # type: ignore[no-untyped-def]
+    path = project.root / "patches" / "knob.patch"
+    path.write_text(path.read_text().replace("a/envs.py", "a/../envs.py").replace(
+        "b/envs.py", "b/../envs.py"))
+    assert project.run("build") != 0
+    err = capsys.readouterr().err
+    assert "patches/knob.patch" in err and "leaves the vllm/ package" in err
+    assert Store(project.store).lookup(_plan(project).targets["patch"].digest) is None
+
+
+def test_a_wheel_member_outside_its_directory_is_refused(project: Project, capsys) -> None:  # type: ignore[no-untyped-def]
+    from tests.engine_fixtures import FILES, make_project, make_wheel
+
+    evil = make_wheel(project.tmp / "evil", {**FILES, "../outside.py": "x = 1\n"})
+    make_project(project.root, evil, ["route-fix", "knob"])
+    os.environ["QWEN38BUILD_SOURCES"] = str(evil.parent)
+    assert project.run("build") == 2
+    assert "wheel member '../outside.py' would be written outside its directory" in (
+        capsys.readouterr().err)
+    assert Store(project.store).lookup(_plan(project).top.digest) is None
+    assert not (project.store / "outside.py").exists()
