@@ -270,7 +270,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     ok = not problems
     text = (f"{args.path}: holds exactly build {manifest['local_version']}" if ok else
             "\n".join(str(p) for p in problems) + f"\n{len(problems)} difference(s)")
-    emit(args, {"ok": ok, "problems": [p.__dict__ | {"owners": list(p.owners)} for p in problems]},
+    emit(args, {"ok": ok, "problems": [p.as_json() for p in problems]},
          text)
     return ExitCode.OK if ok else ExitCode.FAILED
 
@@ -431,10 +431,31 @@ def cmd_table(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+COMMANDS = ("build", "plan", "show", "why", "reproduce", "lock", "verify", "apply",
+            "workspace", "export", "bump", "kernels", "ci", "gc", "store", "lint", "table")
+
+
 # -- parser -----------------------------------------------------------------------------
 
 
-def parser() -> argparse.ArgumentParser:
+class _Skipped:
+    """Stands in for the sub-parser of a command this run does not use: building all
+    twenty sub-parsers costs more than most commands' own work (verify's, say)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: self
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The sub-command ``argv`` names, past the global options; None if unsure."""
+    i = 0
+    while i < len(argv) and argv[i] in ("--recipe", "--store"):
+        i += 2
+    return argv[i] if i < len(argv) and not argv[i].startswith("-") else None
+
+
+def parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``only``, that command's sub-parser alone is built."""
     import argparse
 
     p = argparse.ArgumentParser(prog="qwen38build", description=DESCRIPTION,
@@ -444,7 +465,9 @@ def parser() -> argparse.ArgumentParser:
                    "cache dir)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, func: Any, help: str, *, json_flag: bool = False) -> argparse.ArgumentParser:
+    def add(name: str, func: Any, help: str, *, json_flag: bool = False) -> Any:
+        if only is not None and name != only:
+            return _Skipped()
         sp = sub.add_parser(name, help=help, description=help)
         sp.set_defaults(func=func)
         if json_flag:
@@ -520,7 +543,8 @@ def main(argv: list[str] | None = None) -> int:
     done = try_noop(argv)
     if done is not None:
         return done
-    args = parser().parse_args(argv)
+    command = _command_of(argv)
+    args = parser(command if command in COMMANDS else None).parse_args(argv)
     try:
         return int(args.func(args))
     except Qwen38BuildError as exc:

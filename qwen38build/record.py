@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qwen38build.errors import UsageError
-from qwen38build.step import Step, closure
 
 if TYPE_CHECKING:
     from qwen38build.executor import Outcome
+    from qwen38build.step import Step
     from qwen38build.store import Store
 
 RECORD_FORMAT = 1
@@ -20,6 +20,8 @@ RECORD_FORMAT = 1
 
 def write_build(store: Store, top: Step, outcomes: dict[str, Outcome], root_name: str) -> Path:
     """Record ``top``'s closure under builds/<hash>.json and make it the root ``root_name``."""
+    from qwen38build.step import closure
+
     steps = []
     for s in closure(top):
         entry = outcomes[s.digest].entry
@@ -81,6 +83,8 @@ def derivation_of(store: Store, digest: str) -> dict[str, Any] | None:
 
 def steps_from_record(record: dict[str, Any]) -> list[Step]:
     """Rebuild the Step objects of a recorded closure; digests must come out the same."""
+    from qwen38build.step import Step
+
     by_digest: dict[str, Step] = {}
     out = []
     for rec in record["steps"]:

@@ -14,19 +14,34 @@ import io
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from qwen38build.digest import sha256_file
 from qwen38build.errors import InputError
 
+# verify is a hot command: typing and dataclasses (inspect) would be a third of its time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
-@dataclass(frozen=True)
+
 class Problem:
-    path: str  # relative to the package's parent (e.g. vllm/envs.py)
-    kind: str  # drifted | missing | extra | not-deleted
-    owners: tuple[str, ...] = ()
+    """One difference: ``path`` relative to the package's parent (e.g. vllm/envs.py),
+    ``kind`` one of drifted, missing, extra, not-deleted, and the patches that own it."""
+
+    __slots__ = ("kind", "owners", "path")
+
+    def __init__(self, path: str, kind: str, owners: tuple[str, ...] = ()) -> None:
+        self.path, self.kind, self.owners = path, kind, owners
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Problem) and self.as_json() == other.as_json()
+
+    def __hash__(self) -> int:
+        return hash((self.path, self.kind, self.owners))
+
+    def as_json(self) -> dict[str, Any]:
+        return {"path": self.path, "kind": self.kind, "owners": list(self.owners)}
 
     def __str__(self) -> str:
         owned = f" (owned by {', '.join(self.owners)})" if self.owners else ""

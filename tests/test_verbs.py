@@ -164,3 +164,15 @@ def test_ci_matrix_has_one_entry_per_canonical_arch(project: Project, capsys) ->
     assert json.loads(capsys.readouterr().out) == {
         "include": [{"arch": "8.6", "sm": "86"}, {"arch": "9.0", "sm": "90"}]
     }
+
+
+def test_every_command_is_listed_for_the_one_subparser_fast_path(capsys) -> None:  # type: ignore[no-untyped-def]
+    from qwen38build.cli import COMMANDS, main, parser
+
+    full = parser()
+    choices = next(a.choices for a in full._actions if a.dest == "command")
+    assert set(choices) == set(COMMANDS)
+    with pytest.raises(SystemExit) as info:
+        main(["verify", "--help"])
+    assert info.value.code == 0
+    assert "--full" in capsys.readouterr().out
