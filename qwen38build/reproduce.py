@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,8 +108,14 @@ def reproduce(store: Store, build_hash: str, reporter: Reporter, *, keep: bool =
             remove_tree(tmp)
 
 
+def diffoscope_program() -> str | None:
+    """diffoscope on PATH, or installed beside this interpreter (the same venv)."""
+    beside = Path(sys.executable).parent / "diffoscope"
+    return shutil.which("diffoscope") or (str(beside) if beside.is_file() else None)
+
+
 def _diffoscope(a: Path, b: Path) -> str:
-    tool = shutil.which("diffoscope")
+    tool = diffoscope_program()
     if tool is None or not a.exists() or not b.exists():
         return ""
     proc = subprocess.run([tool, "--text", "-", str(a), str(b)], capture_output=True,

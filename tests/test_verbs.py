@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from qwen38build.reproduce import diffoscope_program
 from qwen38build.store import Store
 from tests.conftest import ENVS, SERVER, Project
 
@@ -176,3 +177,19 @@ def test_every_command_is_listed_for_the_one_subparser_fast_path(capsys) -> None
         main(["verify", "--help"])
     assert info.value.code == 0
     assert "--full" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(diffoscope_program() is None, reason="diffoscope is not installed")
+def test_reproduce_shows_a_diffoscope_report_of_the_tampered_file(project: Project, capsys) -> None:  # type: ignore[no-untyped-def]
+    build = _build(project, capsys)
+    store = Store(project.store)
+    record = json.loads((store.builds / f"{build['build']}.json").read_text())
+    patch_digest = next(s["digest"] for s in record["steps"] if s["derivation"]["kind"] == "patch")
+    target = store.objects / patch_digest / "tree" / "server.py"
+    os.chmod(target.parent, 0o755)
+    os.chmod(target, 0o644)
+    target.write_text(target.read_text().replace("return 33", "return 34"))
+    assert project.run("reproduce", build["build"], "-q") == 1
+    out = capsys.readouterr().out
+    assert "tree/server.py" in out
+    assert "-    return 34" in out and "+    return 33" in out  # diffoscope's own text report
