@@ -172,7 +172,7 @@ def test_every_command_is_listed_for_the_one_subparser_fast_path(capsys) -> None
 
     full = parser()
     choices = next(a.choices for a in full._actions if a.dest == "command")
-    assert set(choices) == set(COMMANDS)
+    assert choices is not None and set(choices) == set(COMMANDS)
     with pytest.raises(SystemExit) as info:
         main(["verify", "--help"])
     assert info.value.code == 0

@@ -62,7 +62,8 @@ class FakeSession:
         result = self.respond(method, url, kw)
         if isinstance(result, BaseException):
             raise result
-        return result
+        response: FakeResponse = result
+        return response
 
     def post(self, url: str, **kw: Any) -> FakeResponse:
         return self._do("POST", url, **kw)

@@ -90,7 +90,8 @@ def exec_function(path: Path, qualname: str, namespace: dict[str, Any]) -> Calla
     src = extract_source(path, qualname)
     ns = dict(namespace)
     exec(compile(src, f"{path}:{qualname}", "exec"), ns)
-    return ns[qualname.rsplit(".", maxsplit=1)[-1]]
+    func: Callable[..., Any] = ns[qualname.rsplit(".", maxsplit=1)[-1]]
+    return func
 
 
 def assert_pristine_lacks(check: Callable[[], object]) -> None:

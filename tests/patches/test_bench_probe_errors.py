@@ -104,7 +104,7 @@ def _check_probe(tree: Path, monkeypatch: pytest.MonkeyPatch,
     serve = _load(tree)
     reqs = [SampleRequest("abcdefgh", 5), SampleRequest("abcdefghij", 5)]
 
-    async def align(base: str, model: str = "m", headers: dict | None = None) -> Any:
+    async def align(base: str, model: str = "m", headers: dict[str, str] | None = None) -> Any:
         kwargs = {"headers": headers} if headers is not None else {}
         return await serve._align_prompts_to_server_tokenizer(
             base, model, list(reqs), None, **kwargs)

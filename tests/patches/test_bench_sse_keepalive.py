@@ -20,13 +20,13 @@ KEEPALIVE = b": keep-alive\n\n"
 
 
 def _completion_stream() -> bytes:
-    msgs = [{"choices": [{"text": t}]} for t in ("Hel", "lo", ", ", "world")]
+    msgs: list[dict[str, Any]] = [{"choices": [{"text": t}]} for t in ("Hel", "lo", ", ", "world")]
     msgs.append({"choices": [], "usage": {"completion_tokens": 4, "prompt_tokens": 7}})
     return b"".join(f"data: {json.dumps(m)}\n\n".encode() for m in msgs) + b"data: [DONE]\n\n"
 
 
 def _chat_stream() -> bytes:
-    msgs = [{"choices": [{"delta": {"content": t}}]} for t in ("Hel", "lo", ", ", "world")]
+    msgs: list[dict[str, Any]] = [{"choices": [{"delta": {"content": t}}]} for t in ("Hel", "lo", ", ", "world")]
     msgs.append({"choices": [], "usage": {"completion_tokens": 4, "prompt_tokens": 7}})
     return b"".join(f"data: {json.dumps(m)}\n\n".encode() for m in msgs) + b"data: [DONE]\n\n"
 
