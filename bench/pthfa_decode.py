@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import os
 import statistics
 import sys
 import warnings
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pthfa" / "python"))
 import pthfa
+from pthfa import _launch as pthfa_launch
 
 H, KVH, D, BS = 32, 8, 128, 16
 ROT_BYTES = 512 << 20  # rotate inputs until a replay of all sets reads at least this much
@@ -150,6 +152,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--ctx", default="1024,8192,32768")
+    ap.add_argument("--impls", default="simt,mma1,cp3,cp4",
+                    help="partition kernels to time on every shape (comma list; '' for none)")
+    ap.add_argument("--sweep", default="",
+                    help="partition-size sweeps: IMPL:BxCTX:P1/P2/...;... (any multiple of 16)")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     props = torch.cuda.get_device_properties(0)
@@ -160,48 +166,66 @@ def main() -> int:
         f"Copy bandwidth (device-to-device, read + written): {bw / 1e9:.0f} GB/s",
         f"Shape: {H} query heads, {KVH} KV heads, head_dim {D}, block_size {BS}, bf16 query",
         "",
-        "| batch | context | pthfa us | pthfa GB/s | % of copy BW | SDPA bf16 us | SDPA GB/s "
-        "| SDPA backend | speedup |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+        "| batch | context | kernel (part) | pthfa us | pthfa GB/s | % of copy BW | SDPA bf16 us "
+        "| SDPA GB/s | SDPA backend | speedup |",
+        "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
     for b in (int(x) for x in args.batches.split(",")):
         for ctx in (int(x) for x in args.ctx.split(",")):
             tp, bp, howp = bench_pthfa(b, ctx, gen)
             torch.cuda.empty_cache()
             ts, bs_, hows = bench_sdpa(b, ctx, gen)
-            row = (f"| {b} | {ctx} | {tp * 1e6:.1f} | {bp / tp / 1e9:.0f} | "
+            impl, part = pthfa_launch.plan(b, KVH, ctx, BS, H // KVH, D,
+                                           props.multi_processor_count)
+            row = (f"| {b} | {ctx} | {impl} ({part}) | {tp * 1e6:.1f} | {bp / tp / 1e9:.0f} | "
                    f"{100 * bp / tp / bw:.0f}% | {ts * 1e6:.1f} | {bs_ / ts / 1e9:.0f} | {hows} | "
                    f"{ts / tp:.2f}x |")
             lines.append(row)
             sys.stdout.write(row + f"  <!-- pthfa timing: {howp} -->\n")
             sys.stdout.flush()
     lines.append("")
-    lines.append("Partition kernel variants ($PTHFA_IMPL; default: "
-                 "mma1 for partitions >= 1024 tokens, else simt):")
-    import os
-    for impl in ("simt", "mma1", "mma1b"):
-        os.environ["PTHFA_IMPL"] = impl
-        cells = []
-        for b, ctx in ((64, 8192), (8, 32768), (1, 32768), (64, 1024)):
-            try:
-                tp, bp, _ = bench_pthfa(b, ctx, gen)
-                cells.append(f"{b}x{ctx}: {tp * 1e6:.1f} us {bp / tp / 1e9:.0f} GB/s "
-                             f"({100 * bp / tp / bw:.0f}%)")
-            except Exception as exc:
-                cells.append(f"{b}x{ctx}: failed: {exc}")
-            torch.cuda.empty_cache()
-        lines.append(f"- {impl}: " + "; ".join(cells))
-        sys.stdout.write(lines[-1] + "\n")
-    os.environ.pop("PTHFA_IMPL", None)
-    lines.append("")
-    lines.append("Partition size sweep, batch 64, context 8192 (default: auto):")
-    for p in (256, 512, 1024, 2048):
-        try:
-            tp, bp, _ = bench_pthfa(64, 8192, gen, part_size=p)
-            lines.append(f"- part_size {p}: {tp * 1e6:.1f} us, {bp / tp / 1e9:.0f} GB/s")
-        except Exception as exc:
-            lines.append(f"- part_size {p}: failed: {exc}")
-        torch.cuda.empty_cache()
+    impls = [x for x in args.impls.split(",") if x]
+    if impls:
+        lines.append("Partition kernels, forced ($PTHFA_IMPL; auto partition size), us "
+                     "(% of copy BW):")
+        lines.append("")
+        lines.append("| batch | context | " + " | ".join(impls) + " |")
+        lines.append("| ---: | ---: |" + " ---: |" * len(impls))
+        for b in (int(x) for x in args.batches.split(",")):
+            for ctx in (int(x) for x in args.ctx.split(",")):
+                cells = []
+                for impl in impls:
+                    os.environ["PTHFA_IMPL"] = impl
+                    try:
+                        tp, bp, _ = bench_pthfa(b, ctx, gen)
+                        cells.append(f"{tp * 1e6:.1f} ({100 * bp / tp / bw:.0f}%)")
+                    except Exception as exc:
+                        cells.append(f"failed: {type(exc).__name__}")
+                    torch.cuda.empty_cache()
+                lines.append(f"| {b} | {ctx} | " + " | ".join(cells) + " |")
+                sys.stdout.write(lines[-1] + "\n")
+        os.environ.pop("PTHFA_IMPL", None)
+    # partition-size sweeps: IMPL:BxCTX:P1/P2/...;...
+    if args.sweep:
+        lines.append("")
+        lines.append("Partition size sweeps ($PTHFA_IMPL, $PTHFA_PART_SIZE), us (% of copy BW):")
+        for item in args.sweep.split(";"):
+            impl, shape, parts = item.split(":")
+            b, ctx = (int(x) for x in shape.split("x"))
+            os.environ["PTHFA_IMPL"] = impl
+            cells = []
+            for part in parts.split("/"):
+                os.environ["PTHFA_PART_SIZE"] = part
+                try:
+                    tp, bp, _ = bench_pthfa(b, ctx, gen)
+                    cells.append(f"{part}: {tp * 1e6:.1f} ({100 * bp / tp / bw:.0f}%)")
+                except Exception as exc:
+                    cells.append(f"{part}: failed: {type(exc).__name__}")
+                torch.cuda.empty_cache()
+            lines.append(f"- {impl} {b}x{ctx}: " + "; ".join(cells))
+            sys.stdout.write(lines[-1] + "\n")
+        os.environ.pop("PTHFA_IMPL", None)
+        os.environ.pop("PTHFA_PART_SIZE", None)
     text = "\n".join(lines) + "\n"
     sys.stdout.write("\n" + text)
     if args.out:

@@ -2,7 +2,8 @@
 """Regenerate or check pthfa/MANIFEST: ``sha256  relative/path`` per source file, sorted by path.
 
 Covers every file under pthfa/ except PIN, MANIFEST and build outputs (cubins, PTX, Python
-caches, results/). ``python3 pthfa/manifest.py`` rewrites it; ``--check`` exits 1 listing differences.
+caches, results/). ``python3 pthfa/manifest.py`` rewrites it; ``--check`` exits 1 listing
+differences.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ def source_files(root: Path = ROOT) -> list[Path]:
         rel = p.relative_to(root)
         if not p.is_file() or rel.as_posix() in EXCLUDE_NAMES:
             continue
-        if p.suffix in EXCLUDE_SUFFIXES or "__pycache__" in rel.parts or rel.parts[0] in ("build", "results"):
+        if (p.suffix in EXCLUDE_SUFFIXES or "__pycache__" in rel.parts
+                or rel.parts[0] in ("build", "results")):
             continue
         out.append(p)
     return out

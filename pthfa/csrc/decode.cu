@@ -542,6 +542,322 @@ __device__ __forceinline__ void decode_mma_impl(
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Pipelined tensor-core partition kernel (pthfa_decode_cp<S>_*): the math of mma1 (16-token
+// warp steps, same fragments, same online softmax), but each warp streams its steps through a
+// private S-stage ring in shared memory with cp.async: while step i is computed, steps
+// i+1 .. i+S-1 are in flight, so the warp never waits for a full DRAM round trip per step.
+// A step is 16 token rows of K and V (D bytes each, rows padded to D + 16 bytes so the
+// fragment reads are free of bank conflicts) plus the 16 k and v scales; the warp copies it
+// coalesced (8 lanes per 128-byte row) and, after cp.async.wait_group + __syncwarp, each lane
+// reads the same fragments mma1 loads from global memory. The ring is reused for the merge of
+// the four warps after the loop.
+namespace mmak {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t s, const void* g) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
+}
+
+__device__ __forceinline__ void cp_async4(uint32_t s, const void* g) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(g) : "memory");
+}
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+}  // namespace mmak
+
+template <int D>
+struct CpLayout {
+  static constexpr int RS = D + 16;                  // padded row stride in shared memory
+  static constexpr int VOFF = 16 * RS;               // V rows after the 16 K rows
+  static constexpr int SOFF = 32 * RS;               // 16 k scales, then 16 v scales
+  static constexpr int STAGE = 32 * RS + 2 * 16 * 4;  // bytes per stage (a multiple of 16)
+};
+
+template <typename T, int D, int S>
+__device__ __forceinline__ void decode_cp_impl(
+    const T* __restrict__ q, const int8_t* __restrict__ k_cache,
+    const int8_t* __restrict__ v_cache, const float* __restrict__ k_scale,
+    const float* __restrict__ v_scale, const int* __restrict__ block_tables, int bt_stride,
+    const int* __restrict__ seq_lens, float* __restrict__ part_ml, float* __restrict__ part_acc,
+    int num_kv_heads, int G, int block_shift, int part_size, int max_parts, float scale_log2) {
+  using namespace mmak;
+  using L = CpLayout<D>;
+  constexpr int KW = D / 16;   // K words per lane per token = k-chunks of 16 dims
+  constexpr int VW = D / 32;   // V words per lane per token
+  constexpr int NT = D / 8;    // PV n-tiles
+  constexpr int CPR = D / 16;  // 16-byte chunks per row
+  constexpr int CPL = D / 32;  // chunks per lane per matrix per step (16 rows)
+  extern __shared__ __align__(16) float smem[];
+
+  const int part = blockIdx.x;
+  const int kvh = blockIdx.y;
+  const int seq = blockIdx.z;
+  const int seq_len = seq_lens[seq];
+  const int t0 = part * part_size;
+  if (t0 >= seq_len) return;
+  const int n = min(part_size, seq_len - t0);
+  const int block_mask = (1 << block_shift) - 1;
+  const int nblk = (n + block_mask) >> block_shift;
+  const int bt_cap = ((part_size >> block_shift) + 3) & ~3;
+  int* bt_s = reinterpret_cast<int*>(smem);
+  float* red_ml = smem + bt_cap;                                // [kWarps][8][2]
+  char* ring = reinterpret_cast<char*>(red_ml + kWarps * 16);   // [kWarps][S][STAGE]
+  float* red_acc = reinterpret_cast<float*>(ring);              // [kWarps][G][D], after the loop
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int H = num_kv_heads * G;
+
+  // the query's raw values first (independent of the block table), then the table slice
+  float qf[D / 4];
+  {
+    const bool hv = g < G;
+    const T* qp = q + ((long long)seq * H + (long long)kvh * G + (hv ? g : 0)) * D + t * (D / 4);
+#pragma unroll
+    for (int j = 0; j < D / 4; ++j) qf[j] = hv ? Conv<T>::to_float(qp[j]) : 0.f;
+  }
+  const int* bt = block_tables + (long long)seq * bt_stride + (t0 >> block_shift);
+  for (int i = tid; i < nblk; i += kThreads) bt_s[i] = bt[i];
+  __syncthreads();
+
+  const long long nkvh = num_kv_heads;
+  const bool fast = block_shift >= 4;
+  char* wring = ring + warp * (S * L::STAGE);
+  const uint32_t wring_s = smem_u32(wring);
+
+  auto row_of = [&](int tl) -> long long {
+    const int c = min(tl, n - 1);
+    return (((long long)bt_s[c >> block_shift] << block_shift) | ((t0 + c) & block_mask)) *
+               nkvh + kvh;
+  };
+  auto issue = [&](int it, int slot) {
+    const int b16 = it * 16;
+    const uint32_t sb = wring_s + slot * L::STAGE;
+    const long long row0 = fast ? row_of(b16) : 0;
+#pragma unroll
+    for (int k = 0; k < CPL; ++k) {
+      const int c = lane + 32 * k;
+      const int r = c / CPR;
+      const int col = c % CPR;
+      const long long sr = fast ? row0 + r * nkvh : row_of(b16 + r);
+      cp_async16(sb + r * L::RS + col * 16, k_cache + sr * D + col * 16);
+      cp_async16(sb + L::VOFF + r * L::RS + col * 16, v_cache + sr * D + col * 16);
+    }
+    const int r = lane & 15;
+    const long long sr = fast ? row0 + r * nkvh : row_of(b16 + r);
+    if (lane < 16) {
+      cp_async4(sb + L::SOFF + r * 4, k_scale + sr);
+    } else {
+      cp_async4(sb + L::SOFF + 64 + r * 4, v_scale + sr);
+    }
+  };
+
+  const int nit = (n + 15) / 16;
+  const int cnt = nit > warp ? (nit - warp + kWarps - 1) / kWarps : 0;
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < cnt) issue(warp + kWarps * s, s);
+    cp_commit();
+  }
+
+  // Q: head g (zero rows for g >= G), dims t*D/4 .. t*D/4 + D/4 - 1, scaled by 2^e into fp16.
+  uint32_t qa[KW][2];
+  float qscale;
+  {
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < D / 4; ++j) amax = fmaxf(amax, fabsf(qf[j]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    int e = 0;
+    if (amax > 0.f && amax < INFINITY) {
+      int ex;
+      frexpf(amax, &ex);  // amax < 2^ex
+      e = min(max(15 - ex, -120), 120);
+    }
+    const float f = ldexpf(1.f, e);
+#pragma unroll
+    for (int c = 0; c < KW; ++c) {
+      qa[c][0] = pack_h2(qf[4 * c + 0] * f, qf[4 * c + 1] * f);
+      qa[c][1] = pack_h2(qf[4 * c + 2] * f, qf[4 * c + 3] * f);
+    }
+    qscale = scale_log2 * ldexpf(1.f, -e);
+  }
+
+  float m_run = -INFINITY;
+  float l_run = 0.f;
+  float acc[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+  int slot = 0;
+  int nslot = S - 1;
+  for (int i = 0; i < cnt; ++i) {
+    if (i + S - 1 < cnt) issue(warp + kWarps * (i + S - 1), nslot);
+    cp_commit();
+    nslot = nslot + 1 == S ? 0 : nslot + 1;
+    cp_wait<S - 1>();
+    __syncwarp();
+
+    const char* sb = wring + slot * L::STAGE;
+    slot = slot + 1 == S ? 0 : slot + 1;
+    const int base = (warp + kWarps * i) * 16;
+    float ks[4], vs[4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float2 a = *reinterpret_cast<const float2*>(sb + L::SOFF + (8 * j + 2 * t) * 4);
+      const float2 b = *reinterpret_cast<const float2*>(sb + L::SOFF + 64 + (8 * j + 2 * t) * 4);
+      ks[2 * j] = a.x;
+      ks[2 * j + 1] = a.y;
+      vs[2 * j] = b.x;
+      vs[2 * j + 1] = b.y;
+    }
+
+    // QK and the scores of row g: tokens base + 8j + 2t + e  <->  index r = 2j + e
+    float sl[4], sp[4];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+      const uint4* kp = reinterpret_cast<const uint4*>(sb + (8 * j + g) * L::RS + t * (D / 4));
+#pragma unroll
+      for (int c4 = 0; c4 < KW / 4; ++c4) {
+        const uint4 kw = kp[c4];
+        const uint32_t kk[4] = {kw.x, kw.y, kw.z, kw.w};
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          const int cc = 4 * c4 + x;
+          const uint32_t u = kk[x] ^ 0x80808080u;
+          mma16816(c, qa[cc][0], 0u, qa[cc][1], 0u, h2_from_ob(u, 0x4140),
+                   h2_from_ob(u, 0x4342));
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int r = 2 * j + e;
+        const bool valid = base + 8 * j + 2 * t + e < n;
+        const float x = c[e] * (ks[r] * qscale);
+        sl[r] = valid ? x : -INFINITY;
+        sp[r] = valid ? x + lg2(fmaxf(vs[r], 1e-30f)) : -INFINITY;
+        mx = fmaxf(mx, sp[r]);
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run, mx);
+    if (__any_sync(0xffffffffu, m_new > m_run)) {
+      const float alpha = ex2(m_run - m_new);
+      l_run *= alpha;
+#pragma unroll
+      for (int k = 0; k < NT; ++k) {
+        acc[k][0] *= alpha;
+        acc[k][1] *= alpha;
+        acc[k][2] *= alpha;
+        acc[k][3] *= alpha;
+      }
+    }
+    m_run = m_new;
+
+    uint32_t ph[2], pl[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float p0 = ex2(sp[2 * j] - m_new);
+      const float p1 = ex2(sp[2 * j + 1] - m_new);
+      l_run += ex2(sl[2 * j] - m_new) + ex2(sl[2 * j + 1] - m_new);
+      ph[j] = pack_h2(p0, p1);
+      const float2 back = unpack_h2(ph[j]);
+      pl[j] = pack_h2(p0 - back.x, p1 - back.y);
+    }
+    uint32_t vr[4][VW];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const char* p = sb + L::VOFF + ((r >> 1) * 8 + 2 * t + (r & 1)) * L::RS + g * (D / 8);
+      if constexpr (VW == 2) {
+        const uint2 x = *reinterpret_cast<const uint2*>(p);
+        vr[r][0] = x.x;
+        vr[r][1] = x.y;
+      } else {
+#pragma unroll
+        for (int w = 0; w < VW; w += 4) {
+          const uint4 x = *reinterpret_cast<const uint4*>(p + 4 * w);
+          vr[r][w] = x.x;
+          vr[r][w + 1] = x.y;
+          vr[r][w + 2] = x.z;
+          vr[r][w + 3] = x.w;
+        }
+      }
+    }
+    __syncwarp();  // every lane has its fragments: the slot may be refilled
+#pragma unroll
+    for (int w = 0; w < VW; ++w) {
+      const uint32_t u0 = vr[0][w] ^ 0x80808080u, u1 = vr[1][w] ^ 0x80808080u;
+      const uint32_t u2 = vr[2][w] ^ 0x80808080u, u3 = vr[3][w] ^ 0x80808080u;
+      const uint32_t x01 = __byte_perm(u0, u1, 0x5140), y01 = __byte_perm(u0, u1, 0x7362);
+      const uint32_t x23 = __byte_perm(u2, u3, 0x5140), y23 = __byte_perm(u2, u3, 0x7362);
+      mma16816(acc[4 * w + 0], ph[0], pl[0], ph[1], pl[1], h2_from_ob(x01, 0x4140),
+               h2_from_ob(x23, 0x4140));
+      mma16816(acc[4 * w + 1], ph[0], pl[0], ph[1], pl[1], h2_from_ob(x01, 0x4342),
+               h2_from_ob(x23, 0x4342));
+      mma16816(acc[4 * w + 2], ph[0], pl[0], ph[1], pl[1], h2_from_ob(y01, 0x4140),
+               h2_from_ob(y23, 0x4140));
+      mma16816(acc[4 * w + 3], ph[0], pl[0], ph[1], pl[1], h2_from_ob(y01, 0x4342),
+               h2_from_ob(y23, 0x4342));
+    }
+  }
+  cp_wait<0>();  // only empty groups can be left, but the ring is about to be reused
+  __syncthreads();
+
+  // ---- merge the four warps (red_acc overlays the ring)
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  if (t == 0) {
+    red_ml[(warp * 8 + g) * 2 + 0] = m_run;
+    red_ml[(warp * 8 + g) * 2 + 1] = l_run;
+  }
+  if (g < G) {
+    float* ra = red_acc + (warp * G + g) * D;
+#pragma unroll
+    for (int k = 0; k < NT; ++k) {
+      ra[(2 * t) * (D / 8) + k] = acc[k][0] + acc[k][2];
+      ra[(2 * t + 1) * (D / 8) + k] = acc[k][1] + acc[k][3];
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < G * D; i += kThreads) {
+    const int h = i / D;
+    const int d = i % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, red_ml[(w * 8 + h) * 2]);
+    float Ls = 0.f, a = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float wt = ex2(red_ml[(w * 8 + h) * 2] - M);
+      Ls = fmaf(wt, red_ml[(w * 8 + h) * 2 + 1], Ls);
+      a = fmaf(wt, red_acc[(w * G + h) * D + d], a);
+    }
+    const long long o = ((long long)seq * H + kvh * G + h) * max_parts + part;
+    part_acc[o * D + d] = a;
+    if (d == 0) {
+      part_ml[o * 2 + 0] = M;
+      part_ml[o * 2 + 1] = Ls;
+    }
+  }
+}
+
 }  // namespace pthfa
 
 #define PTHFA_PART(TN, T, D, G)                                                                  \
@@ -582,15 +898,28 @@ __device__ __forceinline__ void decode_mma_impl(
                                      block_shift, part_size, max_parts, scale_log2);             \
   }
 
+#define PTHFA_CP(TN, T, D, S, MINB)                                                              \
+  extern "C" __global__ void __launch_bounds__(pthfa::kThreads, MINB)                           \
+      pthfa_decode_cp##S##_##TN##_d##D(                                                          \
+          const T* __restrict__ q, const int8_t* __restrict__ k_cache,                           \
+          const int8_t* __restrict__ v_cache, const float* __restrict__ k_scale,                 \
+          const float* __restrict__ v_scale, const int* __restrict__ block_tables,               \
+          int bt_stride, const int* __restrict__ seq_lens, float* __restrict__ part_ml,          \
+          float* __restrict__ part_acc, int num_kv_heads, int gqa, int block_shift,             \
+          int part_size, int max_parts, float scale_log2) {                                      \
+    pthfa::decode_cp_impl<T, D, S>(q, k_cache, v_cache, k_scale, v_scale, block_tables,         \
+                                   bt_stride, seq_lens, part_ml, part_acc, num_kv_heads, gqa,   \
+                                   block_shift, part_size, max_parts, scale_log2);               \
+  }
+
 #define PTHFA_ALL_G(TN, T, D) \
   PTHFA_PART(TN, T, D, 1)     \
   PTHFA_PART(TN, T, D, 2)     \
   PTHFA_PART(TN, T, D, 4)     \
   PTHFA_PART(TN, T, D, 8)     \
   PTHFA_MMA(TN, T, D, 1, , 1)  \
-  PTHFA_MMA(TN, T, D, 2, , 1)  \
-  PTHFA_MMA(TN, T, D, 1, b, 4) \
-  PTHFA_MMA(TN, T, D, 2, b, 3) \
+  PTHFA_CP(TN, T, D, 3, 3)     \
+  PTHFA_CP(TN, T, D, 4, 2)     \
   PTHFA_REDUCE(TN, T, D)
 
 PTHFA_ALL_G(bf16, __nv_bfloat16, 64)

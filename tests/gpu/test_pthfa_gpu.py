@@ -201,6 +201,21 @@ def test_decode_partition_sizes(part: int) -> None:
                                 part_size=part))
 
 
+@pytest.mark.parametrize("bs", [1, 8])
+def test_decode_small_blocks(bs: int) -> None:
+    """block_size < 16: a 16-token step spans several blocks (the per-row block-table path)."""
+    RESULTS.append(_decode_case([1, 17, 100, 513, 1500, 3000], 2, 4, 128, bs, "bf16",
+                                seed=50 + bs))
+
+
+@pytest.mark.parametrize("part", [1360, 2720])
+def test_decode_uneven_partitions(part: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Partitions that are not a power of two ($PTHFA_PART_SIZE, the measurement knob)."""
+    monkeypatch.setenv("PTHFA_PART_SIZE", str(part))
+    RESULTS.append(f"PTHFA_PART_SIZE={part}: " + _decode_case(
+        [1, 1359, 1361, 2720, 2721, 9000], 2, 8, 128, 16, "bf16", seed=part))
+
+
 def test_decode_qwen3_8b_shape_and_empty_seq() -> None:
     lens = [8192, 0, 5, 4000, 7777, 1, 6000, 8191]
     RESULTS.append(_decode_case(lens, 8, 4, 128, 16, "bf16", seed=11))

@@ -102,20 +102,51 @@ def _launch(device: int, name: str, grid: tuple[int, ...], block: tuple[int, ...
         fn(grid, block, args, shared_mem=shared_mem)
 
 
-IMPLS = ("simt", "mma1", "mma2", "mma1b", "mma2b")
+IMPLS = ("simt", "mma1", "cp3", "cp4")
+DEFAULT = "cp3"
 
 
 def decode_impl(head_dim: int, part_size: int = 2048) -> str:
-    """The partition kernel: $PTHFA_IMPL if set (one of IMPLS); else the tensor-core kernel
-    with 16-token warp steps (mma1, fastest variant on the H200, 2026-11-29) when the grid
-    allows partitions of >= 1024 tokens, the CUDA-core kernel (simt) for small grids, where
-    it measured faster."""
+    """The partition kernel: $PTHFA_IMPL if set (one of IMPLS), else the pipelined
+    tensor-core kernel cp3, which measured fastest on every benchmark shape on the H200
+    (2026-11-29) once its partition size is chosen by ``choose_part_size_cp``."""
     impl = os.environ.get("PTHFA_IMPL", "")
     if impl:
         if impl not in IMPLS:
             raise ValueError(f"PTHFA_IMPL must be one of {IMPLS}, got {impl!r}")
         return impl
-    return "mma1" if part_size >= 1024 else "simt"
+    return DEFAULT
+
+
+def plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int, gqa: int,
+         head_dim: int, num_sms: int) -> tuple[str, int]:
+    """(partition kernel, partition size) that ``decode`` uses when no part_size is given.
+
+    cp3/cp4: ``choose_part_size_cp`` with the CTAs per SM that their registers and shared
+    memory allow; mma1: ``choose_part_size_mma``; simt: ``choose_part_size``.
+    ``$PTHFA_PART_SIZE`` (a measurement knob) forces the partition size: any multiple of 16
+    and of block_size, not only powers of two.
+    """
+    impl = decode_impl(head_dim)
+    env_part = os.environ.get("PTHFA_PART_SIZE", "")
+    if env_part:
+        part = int(env_part)
+        if part < 16 or part % 16 or part % block_size:
+            raise ValueError(f"PTHFA_PART_SIZE must be a multiple of 16 and of block_size "
+                             f"{block_size}, got {part}")
+        return impl, part
+    if impl.startswith("cp"):
+        stages = int(impl[2:])
+        smem = V.smem_bytes_cp(2048, block_size, gqa, head_dim, stages)
+        per_sm = max(1, min(3 if stages == 3 else 2, (228 << 10) // (smem + 1024)))
+        part = V.choose_part_size_cp(num_seqs, num_kv_heads, max_seq_len, block_size, num_sms,
+                                     per_sm)
+    elif impl == "simt":
+        part = V.choose_part_size(num_seqs, num_kv_heads, max_seq_len, block_size, gqa,
+                                  head_dim, num_sms)
+    else:
+        part = V.choose_part_size_mma(num_seqs, num_kv_heads, max_seq_len, block_size, num_sms)
+    return impl, part
 
 
 def _ptr(t: Any) -> Any:
@@ -174,13 +205,11 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
         return out
     if part_size is None:
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-        part_size = V.choose_part_size_mma(a.num_seqs, a.num_kv_heads, max_seq_len,
-                                           a.block_size, sms)
-        if decode_impl(a.head_dim, part_size) == "simt":
-            part_size = V.choose_part_size(a.num_seqs, a.num_kv_heads, max_seq_len,
-                                           a.block_size, a.gqa, a.head_dim, sms)
+        impl, part_size = plan(a.num_seqs, a.num_kv_heads, max_seq_len, a.block_size, a.gqa,
+                               a.head_dim, sms)
     else:
         V.check_part_size(part_size, a.block_size, a.gqa, a.head_dim)
+        impl = decode_impl(a.head_dim, part_size)
     max_parts = max(1, math.ceil(max_seq_len / part_size))
     dev = query.device
     part_ml = torch.empty((a.num_seqs, a.num_heads, max_parts, 2), dtype=torch.float32,
@@ -189,7 +218,6 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
                            dtype=torch.float32, device=dev)
     block_shift = a.block_size.bit_length() - 1
     if max_seq_len > 0:
-        impl = decode_impl(a.head_dim, part_size)
         if impl == "simt":
             _launch(
                 a.device, f"pthfa_decode_part_{a.dtype}_d{a.head_dim}_g{a.gqa}",
@@ -210,7 +238,10 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
                  _ptr(part_acc), np.int32(a.num_kv_heads), np.int32(a.gqa),
                  np.int32(block_shift), np.int32(part_size), np.int32(max_parts),
                  np.float32(float(sm_scale) * math.log2(math.e))),
-                shared_mem=V.smem_bytes_mma(part_size, a.block_size, a.gqa, a.head_dim),
+                shared_mem=(V.smem_bytes_cp(part_size, a.block_size, a.gqa, a.head_dim,
+                                            int(impl[2:]))
+                            if impl.startswith("cp") else
+                            V.smem_bytes_mma(part_size, a.block_size, a.gqa, a.head_dim)),
             )
     _launch(
         a.device, f"pthfa_decode_reduce_{a.dtype}_d{a.head_dim}", (a.num_heads, a.num_seqs),

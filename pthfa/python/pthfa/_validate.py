@@ -224,6 +224,17 @@ def smem_bytes_mma(part_size: int, block_size: int, gqa: int, head_dim: int) -> 
     return 4 * (bt_cap + WARPS * 16 + WARPS * gqa * head_dim)
 
 
+def smem_bytes_cp(part_size: int, block_size: int, gqa: int, head_dim: int, stages: int) -> int:
+    """Dynamic shared memory of the pipelined tensor-core kernel cp<stages> (must match
+    decode.cu's CpLayout): the block-table slice, (m, l) of 8 rows per warp, then each warp's
+    ring of ``stages`` steps (16 K rows and 16 V rows padded to head_dim + 16 bytes, 32
+    scales), which the merge of the warps reuses (it is larger than [WARPS, gqa, head_dim]
+    fp32)."""
+    bt_cap = ((part_size // block_size) + 3) & ~3
+    stage = 32 * (head_dim + 16) + 2 * 16 * 4
+    return 4 * (bt_cap + WARPS * 16) + max(WARPS * stages * stage, 4 * WARPS * gqa * head_dim)
+
+
 def check_part_size(part_size: Any, block_size: int, gqa: int, head_dim: int) -> int:
     if not isinstance(part_size, int) or isinstance(part_size, bool):
         raise TypeError(f"part_size must be an int, got {type(part_size).__name__}")
@@ -261,6 +272,40 @@ def choose_part_size_mma(num_seqs: int, num_kv_heads: int, max_seq_len: int, blo
         if num_seqs * num_kv_heads * -(-max(max_seq_len, 1) // p) >= 2 * num_sms:
             return p
     return cands[-1]
+
+
+def choose_part_size_cp(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int,
+                        num_sms: int, ctas_per_sm: int = 3) -> int:
+    """For the pipelined tensor-core kernel (cp3): the power of two, max(32, block_size) up to
+    8192 tokens, that minimizes a cost model fitted to the H200 sweep of 2026-11-29
+    (results/bench_run3_sweep.md; each of the 9 benchmark shapes gets its measured best or
+    within 1.5% of it, confirmed in results/bench.md):
+
+    - CTAs spread evenly over the SMs; the busiest SM runs m of them, ``ctas_per_sm`` at a
+      time. A batch of b concurrent CTAs of w tokens takes max(b, 2) * w token-times: two CTAs
+      already saturate an SM's share of the bandwidth, one alone runs at about half of it.
+    - each batch costs 256 token-times more (the CTA's start: seq_len, block table, first K
+      loads are dependent trips to memory; its end: the merge of the warps);
+    - each partition of a sequence costs 32 (the reduce kernel reads it).
+    Ties go to the longer partition.
+    """
+    lo = max(32, block_size)
+    cands = [p for p in (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192) if p >= lo] or [lo]
+    if max_seq_len <= 0:
+        return cands[0]
+    # no longer than needed for one partition per sequence
+    cands = [p for i, p in enumerate(cands) if i == 0 or cands[i - 1] < max_seq_len]
+
+    def cost(p: int) -> int:
+        parts = -(-max_seq_len // p)
+        ctas = num_seqs * num_kv_heads * parts
+        m = -(-ctas // num_sms)
+        full, rem = divmod(m, ctas_per_sm)
+        w = min(p, max_seq_len)
+        t = full * max(ctas_per_sm, 2) * w + (max(rem, 2) * w if rem else 0)
+        return t + 256 * (full + (1 if rem else 0)) + 32 * parts
+
+    return min(cands, key=lambda p: (cost(p), -p))
 
 
 def check_max_seq_len(max_seq_len: Any, args: DecodeArgs) -> int:
