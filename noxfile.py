@@ -58,7 +58,7 @@ def lint(session: nox.Session) -> None:
     """ruff, mypy --strict, the ledger rules and the generated table."""
     _tool(session, "test", "lint", "patches-test")
     session.run("ruff", "check", "qwen38build", "tests", "noxfile.py", "bench")
-    session.run("mypy", "qwen38build")
+    session.run("mypy", "qwen38build", "tests")
     session.run("qwen38build", "lint")
     session.run("qwen38build", "table", "--check")
 
