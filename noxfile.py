@@ -50,7 +50,10 @@ def kernels(session: nox.Session) -> None:
 def gpu_tests(session: nox.Session) -> None:
     """The GPU tests; each skips with its reason where no GPU is present."""
     _tool(session, "test")
-    session.run("pytest", "-m", "gpu", "-rs", "tests/gpu", *session.posargs)
+    # Without a GPU the module skips itself with its reason; pytest then exits 5 (no test
+    # ran), which is the expected answer here, not a failure.
+    session.run("pytest", "-m", "gpu", "-rs", "tests/gpu", *session.posargs,
+                success_codes=[0, 5])
 
 
 @nox.session(python=PYTHON)
