@@ -84,11 +84,9 @@ def save(
     key = _key(recipe_path.read_bytes())
     rec = {"root": str(root), "files": files, "dirs": dirs,
            "fp": fingerprint(root, files, dirs), "build": build, "wheel": wheel}
-    d = store_root / DIR
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{key}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(rec, sort_keys=True))
-    os.replace(tmp, d / f"{key}.json")
+    from qwen38build.store import Store
+
+    Store(store_root).write_json(store_root / DIR / f"{key}.json", rec)
 
 
 def try_noop(argv: list[str]) -> int | None:
