@@ -100,7 +100,7 @@ def _read_by_build(loaded: LoadedRecipe) -> tuple[list[str], list[str]]:
 
 def _pristine_wheel(store: Store, plan: Plan) -> Path | None:
     entry = store.get(plan.targets["fetch"].digest)
-    return next(entry.path.glob("*.whl"), None) if entry else None
+    return entry.the_output(".whl") if entry else None
 
 
 def _lint_failed(n: int) -> Qwen38BuildError:
@@ -119,7 +119,12 @@ def _root_name(loaded: LoadedRecipe) -> str:
 
 
 def _wheel_name(store: Store, build_hash: str) -> str:
-    return next((store.objects / build_hash).glob("*.whl")).name
+    entry = store.get(build_hash)
+    if entry is None:
+        from qwen38build.errors import StoreError
+
+        raise StoreError(f"build {build_hash[:12]} vanished from the store.")
+    return entry.the_output(".whl").name
 
 
 def report_build(
@@ -352,7 +357,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
             outcomes.update(result)
     outcomes.update(realise([wheel], store, reporter))
     record.write_build(store, wheel, outcomes, root_name=_root_name(loaded) + "-kernels")
-    out = next((store.objects / wheel.digest).glob("*.whl"))
+    out = outcomes[wheel.digest].entry.the_output(".whl")
     emit(args, {"build": wheel.digest, "wheel": str(out),
                 "cubins": {s.params["arch"]: s.digest for s in cubins}},
          f"build {wheel.digest}\nwheel {out}")

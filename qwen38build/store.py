@@ -62,7 +62,23 @@ class Entry:
         return out
 
     def file(self, name: str) -> Path:
+        """The output ``name`` by its recorded name; StoreError if the record has none."""
+        if name not in self.outputs:
+            raise StoreError(f"store entry {self.digest[:12]} records no output {name!r}.")
         return self.path / name
+
+    def the_output(self, suffix: str) -> Path:
+        """The one recorded output whose name ends in ``suffix`` (a step's ``.whl``).
+
+        Read from the record, never by a glob: a stray file dropped into the entry is not
+        an output and is never picked.
+        """
+        names = [n for n in self.outputs if "/" not in n and n.endswith(suffix)]
+        if len(names) != 1:
+            raise StoreError(
+                f"store entry {self.digest[:12]} records {len(names)} '*{suffix}' outputs, "
+                "not one.", hint="run `qwen38build store verify`, then rebuild")
+        return self.path / names[0]
 
 
 class Store:

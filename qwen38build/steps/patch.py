@@ -27,7 +27,7 @@ def run(ctx: Context) -> None:
     package = str(ctx.step.params["package"])
     series = [str(s) for s in ctx.step.params["series"]]
     wheel_entry = ctx.dep_entry("wheel")
-    wheel = next(wheel_entry.path.glob("*.whl"))
+    wheel = wheel_entry.the_output(".whl")
     patches = [PatchFile.parse(ctx.input_path(name)) for name in series]
     work = ctx.scratch / "vllm"
     work.mkdir(parents=True)

@@ -32,7 +32,7 @@ def local_version(version: str, digest: str) -> str:
 def run(ctx: Context) -> None:
     p = ctx.step.params
     name, version, package = str(p["name"]), str(p["version"]), str(p["package"])
-    pristine = next(ctx.dep_entry("wheel").path.glob("*.whl"))
+    pristine = ctx.dep_entry("wheel").the_output(".whl")
     applied = ctx.dep_entry("patched").path
     report = patch_step.read_report(applied)
     new_version = local_version(version, ctx.step.digest)
