@@ -63,39 +63,31 @@ def cmd_build(args: argparse.Namespace) -> int:
     """The full build; ``main`` has already tried the no-op fast path (unless --rebuild)."""
     from qwen38build import fastpath, lint, record
     from qwen38build.executor import realise
+    from qwen38build.reads import Collector, default_excludes
     from qwen38build.report import make_reporter
 
     store = open_store(args)
-    loaded = load_recipe(args)
-    plan = load_plan(loaded)  # checks the lock first: a stale lock is bad input (exit 2)
-    reporter = make_reporter(quiet=args.quiet)
-    # The ledger's rules run before anything is applied; the env-knob rule needs the
-    # pristine envs.py, so the (fixed-output) wheel is fetched first.
-    realise([plan.targets["fetch"]], store, reporter)
-    findings = lint.check(loaded, pristine_envs=_pristine_wheel(store, plan))
-    if findings:
-        for f in findings:
-            print(f"lint: {f}", file=sys.stderr)
-        raise _lint_failed(len(findings))
-    outcomes = realise([plan.top], store, reporter)
+    recipe_dir = os.path.dirname(os.path.realpath(args.recipe))
+    # Every project file read from here on is an input of the no-op's key.
+    with Collector(recipe_dir, (*default_excludes(), str(store.root))) as reads:
+        loaded = load_recipe(args)
+        plan = load_plan(loaded)  # checks the lock first: a stale lock is bad input (exit 2)
+        reporter = make_reporter(quiet=args.quiet)
+        # The ledger's rules run before anything is applied; the env-knob rule needs the
+        # pristine envs.py, so the (fixed-output) wheel is fetched first.
+        realise([plan.targets["fetch"]], store, reporter)
+        findings = lint.check(loaded, pristine_envs=_pristine_wheel(store, plan))
+        if findings:
+            for f in findings:
+                print(f"lint: {f}", file=sys.stderr)
+            raise _lint_failed(len(findings))
+        outcomes = realise([plan.top], store, reporter)
     record.write_build(store, plan.top, outcomes, root_name=_root_name(loaded))
     wheel = _wheel_name(store, plan.build_hash)
-    files, dirs = _read_by_build(loaded)
+    files, dirs = reads.inputs()
     fastpath.save(store.root, loaded.path, files, dirs, plan.build_hash, wheel)
     return report_build(store.root, plan.build_hash, wheel, loaded.root,
                         link=not args.no_link, as_json=args.json)
-
-
-def _read_by_build(loaded: LoadedRecipe) -> tuple[list[str], list[str]]:
-    """What a build reads besides recipe.toml (files by bytes, folders by listing)."""
-    r, root = loaded.recipe, loaded.root
-    dirs = [g.dir for g in r.series.groups] + [r.pthfa.path]
-    files = ["lock/sources.json", "fa2/README.md", r.fa2.diff]
-    files += [f"{e.group}/{e.file}" for e in loaded.series_entries()]
-    for dirpath, dirnames, filenames in os.walk(root / r.pthfa.path):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-        files += [os.path.relpath(os.path.join(dirpath, f), root) for f in sorted(filenames)]
-    return files, dirs
 
 
 def _pristine_wheel(store: Store, plan: Plan) -> Path | None:

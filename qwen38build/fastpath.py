@@ -2,11 +2,12 @@
 
 Validating the recipe (pydantic), planning, and even building the argument parser cost
 more than the whole no-op budget. So a successful build leaves
-``fastpath/<sha256 of recipe.toml's bytes>.json``: the files and folders the build read
-(lock, series folders, pthfa, fa2), a fingerprint over their bytes, their folders' listings
-and the engine's code, and the build hash. A no-op re-reads those few files, compares the
-fingerprint and stats the outputs; anything different misses and takes the full path.
-Only the standard library here, and no tomllib: the record says which files to read.
+``fastpath/<key>.json``, keyed by the recipe's real path and bytes: every project file and
+folder the build read (collected by :mod:`qwen38build.reads`, not listed by hand), a
+fingerprint over their bytes, the folders' listings and the engine's code, and the build
+hash. A no-op re-reads those files, compares the fingerprint and stats the outputs;
+anything different misses and takes the full path. Both sides normalise the project's
+path with ``os.path.realpath``. Only the standard library here, and no tomllib.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ _ENGINE = os.path.dirname(os.path.abspath(__file__))
 DIR = "fastpath"
 
 
-def _key(recipe_bytes: bytes) -> str:
-    return hashlib.sha256(f"qwen38build {__version__}\0".encode() + recipe_bytes).hexdigest()
+def _key(recipe_real: str, recipe_bytes: bytes) -> str:
+    head = f"qwen38build {__version__}\0{recipe_real}\0".encode()
+    return hashlib.sha256(head + recipe_bytes).hexdigest()
 
 
 def fingerprint(root: Path, files: list[str], dirs: list[str]) -> str:
@@ -56,11 +58,12 @@ def fingerprint(root: Path, files: list[str], dirs: list[str]) -> str:
 def lookup(store_root: Path, recipe_path: Path) -> dict[str, Any] | None:
     """The recorded build for this recipe if every input and output is as recorded."""
     try:
-        with open(recipe_path, "rb") as f:
-            key = _key(f.read())
+        real = os.path.realpath(recipe_path)
+        with open(real, "rb") as f:
+            key = _key(real, f.read())
         with open(os.path.join(store_root, DIR, f"{key}.json"), "rb") as f:
             rec: dict[str, Any] = json.loads(f.read())
-        root = Path(os.path.dirname(os.path.abspath(recipe_path)))
+        root = Path(os.path.dirname(real))
         if rec["root"] != str(root) or fingerprint(root, rec["files"], rec["dirs"]) != rec["fp"]:
             return None
         with open(os.path.join(store_root, "objects", f"{rec['build']}.json"), "rb") as f:
@@ -79,9 +82,15 @@ def save(
     store_root: Path, recipe_path: Path, files: list[str], dirs: list[str], build: str,
     wheel: str,
 ) -> None:
-    """Record a successful build for the next no-op (written atomically)."""
-    root = recipe_path.resolve().parent
-    key = _key(recipe_path.read_bytes())
+    """Record a successful build for the next no-op (written atomically).
+
+    ``files`` and ``dirs`` are relative to the recipe's folder (its real path), as
+    :class:`qwen38build.reads.Collector` gives them.
+    """
+    real = os.path.realpath(recipe_path)
+    root = Path(os.path.dirname(real))
+    with open(real, "rb") as f:
+        key = _key(real, f.read())
     rec = {"root": str(root), "files": files, "dirs": dirs,
            "fp": fingerprint(root, files, dirs), "build": build, "wheel": wheel}
     from qwen38build.store import Store

@@ -97,6 +97,9 @@ def declared_parts(loaded: LoadedRecipe) -> list[Declared]:
         if not g.patches:
             out.append(Declared(f"series group {g.dir}/", "declared, empty: no patches yet"))
     fa2_diff: Path = root / r.fa2.diff
+    from qwen38build.reads import probe
+
+    probe(fa2_diff)
     if not fa2_diff.exists() or r.fa2.commit is None:
         missing = []
         if r.fa2.commit is None:
