@@ -19,7 +19,7 @@ import os
 import sys
 
 _ACTIVE: list[Collector] = []
-_HOOKED = False
+_HOOKED: list[bool] = []  # one element once the hook is installed
 
 
 class Collector:
@@ -97,10 +97,9 @@ def _hook(event: str, args: tuple[object, ...]) -> None:
 
 def _install() -> None:
     """Install the audit hook once per process (hooks cannot be removed; it idles)."""
-    global _HOOKED
     if not _HOOKED:
         sys.addaudithook(_hook)
-        _HOOKED = True
+        _HOOKED.append(True)
 
 
 def default_excludes() -> tuple[str, ...]:
