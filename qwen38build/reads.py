@@ -69,15 +69,15 @@ class Collector:
         return sorted(self.files), sorted(self.dirs - self.files)
 
 
-def probe(path: object) -> None:
+def probe(path: str | os.PathLike[str]) -> None:
     """Report an existence check (``exists()``/``is_file()``): no audit event covers a
     stat, so a reader that decides on a path's presence says so here. The path's folder
     is recorded as a listing, the file itself when it is there."""
     for c in _ACTIVE:
-        if os.path.isfile(os.fspath(path)):  # type: ignore[arg-type]
+        if os.path.isfile(path):
             c.saw_file(path)
         else:
-            c.saw_dir(os.path.dirname(os.fspath(path)))  # type: ignore[arg-type]
+            c.saw_dir(os.path.dirname(os.fspath(path)))
 
 
 def _hook(event: str, args: tuple[object, ...]) -> None:

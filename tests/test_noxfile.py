@@ -1,0 +1,83 @@
+"""The front door's own logic: which interpreter and stack `nox -s gpu_tests` uses, and the
+install stamp that keeps a second `nox -s build` from reinstalling."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def noxfile() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("q38_noxfile", REPO / "noxfile.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _script(path: Path, body: str) -> str:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_gpu_arch_reads_the_drivers_answer(noxfile: ModuleType, tmp_path: Path) -> None:
+    smi = _script(tmp_path / "nvidia-smi", 'echo "9.0"\necho "9.0"\n')
+    assert noxfile.gpu_arch(smi) == "9.0"
+
+
+@pytest.mark.parametrize("body", ["exit 9\n", "", "echo 'No devices were found' >&2; exit 6\n"])
+def test_no_gpu_when_the_driver_has_none(noxfile: ModuleType, tmp_path: Path, body: str) -> None:
+    assert noxfile.gpu_arch(_script(tmp_path / "nvidia-smi", body)) is None
+
+
+def test_no_gpu_without_nvidia_smi(noxfile: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert noxfile.gpu_arch() is None
+
+
+def test_the_interpreters_own_stack_is_used_when_it_imports(
+    noxfile: ModuleType, tmp_path: Path
+) -> None:
+    """A Python whose torch and CuPy import (and see a GPU) is used as it is; one that
+    lacks them is not, and the session installs the locked environment instead."""
+    with_stack = tmp_path / "with"
+    (with_stack / "torch").mkdir(parents=True)
+    (with_stack / "torch" / "__init__.py").write_text(
+        "class cuda:\n    @staticmethod\n    def is_available():\n        return True\n")
+    (with_stack / "cupy.py").write_text("")
+    py = _script(tmp_path / "py-with", f'PYTHONPATH={with_stack} exec {sys.executable} "$@"\n')
+    assert noxfile.has_gpu_stack(py)
+    bare = _script(tmp_path / "py-bare", f'PYTHONPATH= exec {sys.executable} -I "$@"\n')
+    assert not noxfile.has_gpu_stack(bare)
+    no_gpu = tmp_path / "nogpu"
+    (no_gpu / "torch").mkdir(parents=True)
+    (no_gpu / "torch" / "__init__.py").write_text(
+        "class cuda:\n    @staticmethod\n    def is_available():\n        return False\n")
+    (no_gpu / "cupy.py").write_text("")
+    py_no_gpu = _script(tmp_path / "py-nogpu", f'PYTHONPATH={no_gpu} exec {sys.executable} "$@"\n')
+    assert not noxfile.has_gpu_stack(py_no_gpu)
+
+
+def test_gpu_session_sees_the_interpreters_site_packages(noxfile: ModuleType) -> None:
+    assert "--system-site-packages" in (noxfile.gpu_tests.venv_params or [])
+
+
+@pytest.mark.slow
+def test_gpu_session_skips_with_its_reason_where_there_is_no_gpu(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"}
+    _script(tmp_path / "nvidia-smi", "exit 9\n")
+    proc = subprocess.run([sys.executable, "-m", "nox", "-s", "gpu_tests",
+                           "--envdir", str(tmp_path / "nox")],
+                          cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "no NVIDIA GPU here" in proc.stderr
