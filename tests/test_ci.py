@@ -63,9 +63,10 @@ def test_matrix_has_one_canonical_entry_per_recipe_arch(
     want = [normalise_arch(a) for a in raw]
     assert [e["arch"] for e in data["include"]] == want
     for entry in data["include"]:
-        assert set(entry) == {"arch", "sm"}
+        assert set(entry) == {"arch", "sm", "runs_on"}
         assert re.fullmatch(r"\d+\.\d+[af]?", entry["arch"]), entry
         assert entry["sm"] == entry["arch"].replace(".", "")
+        assert entry["runs_on"] == ["self-hosted", "linux", "gpu", f"sm{entry['sm']}"]
     assert len(want) == len(set(want)), "an arch is listed twice"
 
 
@@ -84,10 +85,11 @@ def test_matrix_normalises_arch_spellings(
         encoding="utf-8",
     )
     data = json.loads(ci_matrix(capsys, recipe))
-    assert data == {"include": [
+    assert [{k: e[k] for k in ("arch", "sm")} for e in data["include"]] == [
         {"arch": "8.6", "sm": "86"}, {"arch": "9.0", "sm": "90"},
         {"arch": "8.0", "sm": "80"}, {"arch": "9.0a", "sm": "90a"},
-    ]}
+    ]
+    assert data["include"][3]["runs_on"][-1] == "sm90a"
 
 
 # -- the workflow -----------------------------------------------------------------------
@@ -103,6 +105,33 @@ def test_workflow_uses_the_matrix_and_existing_nox_sessions() -> None:
     noxfile = (REPO / "noxfile.py").read_text(encoding="utf-8")
     defined = set(re.findall(r"@nox\.session[^\n]*\ndef (\w+)\(", noxfile))
     assert sessions <= defined, f"the workflow runs sessions noxfile.py lacks: {sessions - defined}"
+
+
+def jobs(text: str) -> dict[str, str]:
+    """The workflow's jobs by id: each job's block of text (jobs sit at two spaces)."""
+    body = text.split("\njobs:\n", 1)[1]
+    parts = re.split(r"^  ([\w-]+):\n", body, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_the_workflow_gets_nvcc_from_the_lock_and_uploads_every_output() -> None:
+    text = WORKFLOW.read_text(encoding="utf-8")
+    job = jobs(text)
+    assert set(job) == {"matrix", "build", "kernels", "gpu-tests", "tests"}
+    # No CUDA install anywhere: the kernels job's nvcc is the locked toolchain's.
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert not re.search(r"(?i)uses:.*cuda|apt(-get)? install|nvidia|cuda-toolkit", code)
+    assert "--system-nvcc" not in text and "QWEN38BUILD_NVCC" not in text
+    kernels = job["kernels"]
+    assert 'nox -s kernels -- --arch "${{ matrix.arch }}" --out "dist/sm${{ matrix.sm }}"' in kernels
+    assert "uses: actions/upload-artifact@v4" in kernels
+    assert "path: dist/sm${{ matrix.sm }}/" in kernels
+    assert "uses: actions/upload-artifact@v4" in job["build"]
+    assert "path: result/*.whl" in job["build"]
+    gpu = job["gpu-tests"]
+    assert "runs-on: ${{ matrix.runs_on }}" in gpu  # self-hosted, linux, gpu, smXY
+    assert "matrix: ${{ fromJSON(needs.matrix.outputs.matrix) }}" in gpu
+    assert "nox -s gpu_tests" in gpu and "needs: [matrix, kernels]" in gpu
 
 
 def broken_copies(tmp_path: Path) -> dict[str, tuple[Path, str]]:
