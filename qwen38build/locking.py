@@ -29,6 +29,7 @@ def relock(loaded: LoadedRecipe, store: Store) -> Path:
     """Fetch the pinned wheel and the toolchain's through pip and write lock/ with each
     one's sha256 and size."""
     pin = loaded.recipe.vllm
+    toolchain.require_supported(loaded)  # refuse before fetching anything
     with tempfile.TemporaryDirectory(prefix="q38-lock.") as tmp:
         wheel = pip_download(pin.name, pin.version, python=loaded.recipe.toolchain.python,
                              platform=pin.platform_tag, dest=Path(tmp))

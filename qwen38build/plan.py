@@ -1,8 +1,10 @@
 """recipe + lock → the step graph.
 
 The vLLM graph is ``fetch`` (the locked wheel) → ``patch`` (the series) → ``wheel`` (the
-patched wheel; its digest is the build hash). Parts of the recipe that have no buildable
-content yet are listed as declared, with the reason, and never as steps.
+patched wheel; its digest is the build hash). The kernels' graph is ``fetch`` (each locked
+compiler wheel) → ``toolchain`` → ``cubin`` per arch → ``pthfa-wheel``. Parts of the recipe
+that have no buildable content yet are listed as declared, with the reason, and never as
+steps.
 """
 
 from __future__ import annotations

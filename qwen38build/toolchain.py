@@ -92,11 +92,8 @@ def locked_toolchain(
     return [locked[name] for name in PACKAGES]
 
 
-def pin(loaded: LoadedRecipe, dest: Path) -> list[lockmod.LockedWheel]:
-    """Fetch the newest release of the series of each package through pip into ``dest``
-    (one folder per package) and return their lock entries."""
-    from qwen38build.steps.fetch import pip_download
-
+def require_supported(loaded: LoadedRecipe) -> str:
+    """The recipe's series, or LockError when NVIDIA ships no such unified wheels."""
     cuda = series(loaded)
     if int(cuda.split(".")[0]) < FIRST_MAJOR:
         raise LockError(
@@ -104,6 +101,15 @@ def pin(loaded: LoadedRecipe, dest: Path) -> list[lockmod.LockedWheel]:
             f"unified compiler wheels, which start at {FIRST_MAJOR}.0.",
             hint=f'set [toolchain] cuda = "{FIRST_MAJOR}.0" or newer',
         )
+    return cuda
+
+
+def pin(loaded: LoadedRecipe, dest: Path) -> list[lockmod.LockedWheel]:
+    """Fetch the newest release of the series of each package through pip into ``dest``
+    (one folder per package) and return their lock entries."""
+    from qwen38build.steps.fetch import pip_download
+
+    cuda = require_supported(loaded)
     platform = loaded.recipe.vllm.platform_tag
     entries: list[lockmod.LockedWheel] = []
     for name in PACKAGES:

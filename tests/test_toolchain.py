@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import zipfile
 from dataclasses import replace
@@ -293,6 +294,39 @@ def test_lock_check_names_a_missing_toolchain_entry(
     assert "no entry for 'nvidia-nvvm'" in capsys.readouterr().err
     assert tproject.run("plan") == 0  # the vLLM graph still plans; kernels are declared
     assert "pthfa kernels: declared, not planned" in capsys.readouterr().out
+
+
+def test_lock_pins_the_newest_of_the_series_of_each_package_by_sha256(
+    tproject: Project, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built = {w.name.split("-")[0].replace("_", "-"): w for w in tproject.wheels.glob("*.whl")}
+    asked: list[str] = []
+
+    def fake_pip(name: str, version: str, *, python: str, platform: str, dest: Path) -> Path:
+        asked.append(f"{name}=={version} {platform}")
+        return Path(shutil.copy(built[name], dest))
+
+    monkeypatch.setattr("qwen38build.steps.fetch.pip_download", fake_pip)
+    monkeypatch.setattr("qwen38build.locking.pip_download", fake_pip)
+    lock_file = tproject.root / "lock" / "sources.json"
+    lockmod.write(tproject.root, [lockmod.read(tproject.root)["vllm"]])  # toolchain unpinned
+    assert tproject.run("lock") == 0
+    assert sorted(asked[1:]) == sorted(f"{n}==13.0.* {PLATFORM}" for n in PACKAGES)
+    locked = json.loads(lock_file.read_text())["sources"]
+    by_name = {e["name"]: e for e in locked}
+    assert set(by_name) == {"vllm", *PACKAGES}
+    assert by_name["nvidia-cuda-runtime"]["version"] == "13.0.96"
+    assert by_name["nvidia-nvvm"]["sha256"] == sha256(built["nvidia-nvvm"])
+    assert tproject.run("lock", "--check") == 0
+    capsys.readouterr()
+
+    recipe = tproject.root / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace('cuda = "13.0"', 'cuda = "12.8"'))
+    asked.clear()
+    assert tproject.run("lock") == 2
+    assert "start at 13.0" in capsys.readouterr().err
+    assert asked == []  # refused before anything was fetched
+    assert json.loads(lock_file.read_text())["sources"] == locked  # untouched
 
 
 def test_the_recipe_names_a_cuda_series(tproject: Project) -> None:
