@@ -384,10 +384,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
 
 def cmd_ci_matrix(args: argparse.Namespace) -> int:
     loaded = load_recipe(args)
-    # runs_on: the labels of the self-hosted runner that holds this arch's GPU.
-    include = [{"arch": a, "sm": a.replace(".", ""),
-                "runs_on": ["self-hosted", "linux", "gpu", "sm" + a.replace(".", "")]}
-               for a in loaded.recipe.cuda.archs]
+    include = [{"arch": a, "sm": a.replace(".", "")} for a in loaded.recipe.cuda.archs]
     import json
 
     print(json.dumps({"include": include}, separators=(",", ":")))
