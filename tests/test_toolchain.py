@@ -40,6 +40,7 @@ VERSION_TEXT = "Cuda compilation tools, release 13.0, V13.0.88"
 # (offset 48, little-endian) carry SM in bits 8-15, or a PTX file for -ptx.
 FAKE_NVCC = r"""#!/bin/sh
 echo "$*" >> "@LOG@"
+echo "CUDA_HOME=${CUDA_HOME:-} LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-} PATH=$PATH" >> "@LOG@.env"
 if [ "$1" = "--version" ]; then echo "@VERSION@"; exit 0; fi
 out=""; sm=""; ptx=0
 while [ $# -gt 0 ]; do
@@ -167,11 +168,19 @@ def test_kernels_compile_with_the_locked_nvcc_and_a_hit_runs_no_compiler(
     tproject: Project, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     out_dir = tproject.tmp / "artifacts"
+    monkeypatch.setenv("CUDA_HOME", "/usr/local/cuda")  # the machine's CUDA: never passed on
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/cuda/lib64")
     assert tproject.run("kernels", "--json", "-q", "--out", str(out_dir)) == 0
     first = json.loads(capsys.readouterr().out)
     assert set(first["cubins"]) == {"8.6", "9.0"}
     compiles = [c for c in calls(tproject) if "-cubin" in c]
     assert len(compiles) == 2  # one per arch, by the toolchain's nvcc (none is on PATH)
+    envs = (tproject.tmp / "nvcc.log.env").read_text().splitlines()
+    assert len(envs) == 1 + 2 + 1  # --version once, then per arch a cubin, and one PTX
+    for seen in envs:  # a scrubbed environment: the toolchain's bin, then the host's
+        bin_dir = seen.split("PATH=")[-1].split(os.pathsep)[0]
+        assert seen == f"CUDA_HOME= LD_LIBRARY_PATH= PATH={bin_dir}{os.pathsep}{BASE_PATH}"
+        assert bin_dir.startswith(str(tproject.store)) and bin_dir.endswith("nvidia/cu13/bin")
     with zipfile.ZipFile(first["wheel"]) as z:
         names = set(z.namelist())
         assert {"pthfa/cubins/sm_86.cubin", "pthfa/cubins/sm_90.cubin"} <= names
