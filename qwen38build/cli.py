@@ -152,9 +152,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     store = open_store(args)
     declared = [{"name": d.name, "status": d.reason} for d in plan.declared]
     tops = [plan.top]
+    from qwen38build.kernels import system_nvcc_requested
+
     try:
-        tops.append(kernel_steps(loaded)[-1])
-    except Qwen38BuildError as exc:  # no nvcc here: the kernels are declared, not planned
+        tops.append(kernel_steps(loaded, system_nvcc=system_nvcc_requested(args.system_nvcc))[-1])
+    except Qwen38BuildError as exc:  # e.g. no toolchain in the lock: declared, not planned
         declared.append({"name": "pthfa kernels", "status": f"declared, not planned: {exc}"})
     rows: list[dict[str, Any]] = [
         {"name": s.name, "kind": s.kind, "digest": s.digest,
@@ -162,10 +164,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for s in walk(tops)
     ]
     lines = [
-        f"{'built' if r['built'] else 'to build':9} {r['kind']:6} {r['digest'][:12]}  {r['name']}"
+        f"{'built' if r['built'] else 'to build':9} {r['kind']:11} {r['digest'][:12]}  "
+        f"{r['name']}"
         for r in rows
     ]
-    lines += [f"{'declared':9} {'-':6} {'-':12}  {d['name']}: {d['status']}" for d in declared]
+    lines += [f"{'declared':9} {'-':11} {'-':12}  {d['name']}: {d['status']}" for d in declared]
     lines.append(f"build hash {plan.build_hash}")
     emit(args, {"build": plan.build_hash, "steps": rows, "declared": declared}, "\n".join(lines))
     return ExitCode.OK
@@ -330,29 +333,41 @@ def cmd_bump(args: argparse.Namespace) -> int:
 
 
 def cmd_kernels(args: argparse.Namespace) -> int:
+    import shutil
     from concurrent.futures import ThreadPoolExecutor
 
     from qwen38build import record
     from qwen38build.executor import Outcome, realise
+    from qwen38build.kernels import system_nvcc_requested
     from qwen38build.plan import kernel_steps
     from qwen38build.report import make_reporter
 
     loaded = load_recipe(args)
-    steps = kernel_steps(loaded, args.arch)
+    steps = kernel_steps(loaded, args.arch, system_nvcc=system_nvcc_requested(args.system_nvcc))
     cubins, wheel = steps[:-1], steps[-1]
     store = open_store(args)
     reporter = make_reporter(quiet=args.quiet)
     outcomes: dict[str, Outcome] = {}
-    # Arches are independent: compile them side by side (each under its digest's lock).
+    # The toolchain first, once; then the arches, which are independent: side by side
+    # (each under its digest's lock).
+    outcomes.update(realise([d for _, d in cubins[0].deps], store, reporter))
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for result in pool.map(lambda s: realise([s], store, reporter), cubins):
             outcomes.update(result)
     outcomes.update(realise([wheel], store, reporter))
     record.write_build(store, wheel, outcomes, root_name=_root_name(loaded) + "-kernels")
     out = outcomes[wheel.digest].entry.the_output(".whl")
-    emit(args, {"build": wheel.digest, "wheel": str(out),
+    copied: list[str] = []
+    if args.out:
+        dest = Path(args.out)
+        dest.mkdir(parents=True, exist_ok=True)
+        for entry in [outcomes[s.digest].entry for s in cubins] + [outcomes[wheel.digest].entry]:
+            for name in entry.outputs:
+                if name.endswith((".cubin", ".ptx", ".whl")):
+                    copied.append(str(shutil.copyfile(entry.file(name), dest / name)))
+    emit(args, {"build": wheel.digest, "wheel": str(out), "copied": copied,
                 "cubins": {s.params["arch"]: s.digest for s in cubins}},
-         f"build {wheel.digest}\nwheel {out}")
+         "\n".join([f"build {wheel.digest}", f"wheel {out}", *(f"copied {c}" for c in copied)]))
     return ExitCode.OK
 
 
@@ -475,8 +490,10 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
     b.add_argument("--no-link", action="store_true", help="do not (re)point ./result")
     b.add_argument("--rebuild", action="store_true", help="skip the no-op fast path")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
-    add("plan", cmd_plan, "list the steps, their digests and whether each is built",
-        json_flag=True)
+    pl = add("plan", cmd_plan, "list the steps, their digests and whether each is built",
+             json_flag=True)
+    pl.add_argument("--system-nvcc", action="store_true", help="plan the kernels with the "
+                    "nvcc on PATH instead of the locked toolchain")
     add("show", cmd_show, "print a step's whole derivation").add_argument("step")
     add("why", cmd_why, "say which inputs changed since the last build of a step").add_argument(
         "step")
@@ -517,6 +534,11 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
     k.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                    help="arches compiled at once (default: the number of cores)")
     k.add_argument("-q", "--quiet", action="store_true")
+    k.add_argument("--system-nvcc", action="store_true", help="compile with the nvcc on PATH "
+                   "instead of the locked toolchain (also QWEN38BUILD_NVCC=system); the "
+                   "digests record the choice and that nvcc's --version")
+    k.add_argument("-o", "--out", metavar="DIR", help="also copy the cubins and the wheel "
+                   "into DIR (for CI artifacts)")
     ci = add("ci", None, "continuous-integration helpers")
     ci_sub = ci.add_subparsers(dest="ci_command", required=True, metavar="WHAT")
     ci_sub.add_parser("matrix", help="GitHub Actions matrix, one entry per CUDA arch"

@@ -28,6 +28,7 @@ KINDS = {
     "wheel": "qwen38build.steps.wheel",
     "cubin": "qwen38build.steps.cubin",
     "pthfa-wheel": "qwen38build.steps.pthfa_wheel",
+    "toolchain": "qwen38build.steps.toolchain",
 }
 
 

@@ -3,11 +3,16 @@
 A library module: no printing. A failed compile raises :class:`KernelBuildError` naming the
 arch, the file and the line of nvcc's first error.
 
+The compiler is an explicit :class:`Nvcc`: the locked toolchain's (the default of every
+build) or, only when the user asks, the system's. Either runs with a scrubbed environment:
+``LC_ALL=C``, ``TZ=UTC``, ``PATH`` = the compiler's own folder then ``/usr/bin:/bin`` (the
+host compiler), ``HOME`` and ``TMPDIR`` inside the temporary directory, and nothing else
+(no ``CUDA_HOME``: nvcc finds its headers and back ends beside itself, by nvcc.profile).
+
 Determinism: every compile runs in a fresh temporary directory holding copies of the sources
-(so no absolute path of the caller's tree reaches nvcc), with fixed flags and a scrubbed
-environment (``LC_ALL=C``, ``TZ=UTC``, ``PATH`` kept, ``TMPDIR`` inside the temporary
-directory). Several sources are compiled as one unit through a generated file that includes
-each, in the order given, so one cubin per arch holds every kernel.
+(so no absolute path of the caller's tree reaches nvcc), with fixed flags. Several sources
+are compiled as one unit through a generated file that includes each, in the order given, so
+one cubin per arch holds every kernel.
 """
 
 from __future__ import annotations
@@ -21,12 +26,16 @@ import struct
 import subprocess
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from qwen38build.errors import KernelBuildError
 
 __all__ = [
+    "BASE_PATH",
+    "NVCC_ENV",
     "NVCC_FLAGS",
+    "Nvcc",
     "arch_gencode",
     "compile_arch",
     "cubin_sm",
@@ -46,27 +55,62 @@ _PTXAS_ERR = re.compile(r"ptxas.*error\s*:.*?(?:line (?P<line>\d+))?")
 _UNIT = "__pthfa_unit__.cu"
 
 
-def _env() -> dict[str, str]:
-    env = {"LC_ALL": "C", "LANG": "C", "TZ": "UTC", "PATH": os.environ.get("PATH", "")}
-    for key in ("HOME", "CUDA_HOME", "CUDA_PATH"):
-        if key in os.environ:
-            env[key] = os.environ[key]
-    return env
+#: Where the host compiler and the shell tools nvcc calls are found; nothing else is searched.
+BASE_PATH = "/usr/bin:/bin"
+#: The variable that asks for the system nvcc instead of the locked toolchain's.
+NVCC_ENV = "QWEN38BUILD_NVCC"
 
 
-def nvcc_version(nvcc: str = "nvcc") -> str:
-    """The full text ``nvcc --version`` prints (part of every kernel step's cache digest)."""
+@dataclass(frozen=True)
+class Nvcc:
+    """One nvcc and the ``PATH`` it runs with: its own folder first, then :data:`BASE_PATH`."""
+
+    exe: Path
+    system: bool = False
+
+    @classmethod
+    def find_system(cls) -> Nvcc:
+        """The ``nvcc`` on the caller's ``PATH``; used only when the user asked for it."""
+        found = shutil.which("nvcc")
+        if found is None:
+            raise KernelBuildError(
+                "the system nvcc was asked for (--system-nvcc or QWEN38BUILD_NVCC=system), "
+                "but no nvcc is on PATH.",
+                hint="drop the request to compile with the locked toolchain, or put nvcc on PATH",
+            )
+        return cls(Path(found), system=True)
+
+    def env(self, tmp: Path | None = None) -> dict[str, str]:
+        env = {"LC_ALL": "C", "LANG": "C", "TZ": "UTC",
+               "PATH": f"{self.exe.parent}{os.pathsep}{BASE_PATH}"}
+        if tmp is not None:
+            env["HOME"] = env["TMPDIR"] = str(tmp)
+        return env
+
+
+def system_nvcc_requested(flag: bool) -> bool:
+    """Whether the user asked for the system nvcc: the flag, or ``QWEN38BUILD_NVCC=system``."""
+    value = os.environ.get(NVCC_ENV, "")
+    if value not in ("", "system", "toolchain"):
+        from qwen38build.errors import UsageError
+
+        raise UsageError(f"{NVCC_ENV}={value!r} is not a choice: use 'system' or 'toolchain'.")
+    return flag or value == "system"
+
+
+def nvcc_version(nvcc: Nvcc | None = None) -> str:
+    """The full text ``nvcc --version`` prints (the system nvcc's is part of its digest)."""
+    nvcc = nvcc or Nvcc.find_system()
     try:
         proc = subprocess.run(
-            [nvcc, "--version"], capture_output=True, text=True, env=_env(), check=False
+            [str(nvcc.exe), "--version"], capture_output=True, text=True, env=nvcc.env(),
+            check=False,
         )
     except OSError as exc:
-        raise KernelBuildError(
-            f"cannot run {nvcc!r}: {exc}", hint="install the CUDA toolkit or pass nvcc="
-        ) from exc
+        raise KernelBuildError(f"cannot run {str(nvcc.exe)!r}: {exc}") from exc
     if proc.returncode != 0:
         raise KernelBuildError(
-            f"{nvcc} --version exited {proc.returncode}: {proc.stderr.strip()}"
+            f"{nvcc.exe} --version exited {proc.returncode}: {proc.stderr.strip()}"
         )
     return proc.stdout
 
@@ -100,12 +144,11 @@ def _first_error(stderr: str, names: dict[str, str]) -> tuple[str, int | None, s
 
 
 def _run_nvcc(
-    cmd: list[str], cwd: Path, arch: str, names: dict[str, str]
+    nvcc: Nvcc, cmd: list[str], cwd: Path, arch: str, names: dict[str, str]
 ) -> None:
     try:
         proc = subprocess.run(
-            cmd, cwd=cwd, capture_output=True, text=True, env={**_env(), "TMPDIR": str(cwd)},
-            check=False,
+            cmd, cwd=cwd, capture_output=True, text=True, env=nvcc.env(cwd.parent), check=False,
         )
     except OSError as exc:
         raise KernelBuildError(f"arch {arch}: cannot run {cmd[0]!r}: {exc}") from exc
@@ -123,14 +166,15 @@ def compile_arch(
     arch: str,
     out_dir: Path,
     *,
-    nvcc: str = "nvcc",
+    nvcc: Nvcc | None = None,
     ptx: bool = False,
 ) -> list[Path]:
     """Compile ``sources`` (.cu, plus headers they include) into ``out_dir/sm_XY.cubin``.
 
     Headers (anything not ending in ``.cu``) are copied beside the sources but not compiled
     directly. With ``ptx=True`` also writes ``out_dir/compute_XY.ptx`` (for the newest arch, so
-    later GPUs can JIT it). Returns the written paths, cubin first.
+    later GPUs can JIT it). Returns the written paths, cubin first. ``nvcc`` defaults to
+    the system's (for direct callers; the build's steps always pass one).
     """
     sm, gencode = arch_gencode(arch)
     if not sources:
@@ -146,24 +190,24 @@ def compile_arch(
     if not units:
         raise KernelBuildError(f"arch {arch}: no .cu file among the sources")
     out_dir.mkdir(parents=True, exist_ok=True)
+    nvcc = nvcc or Nvcc.find_system()
     with tempfile.TemporaryDirectory(prefix="qwen38build-nvcc-") as tmp:
         work = Path(tmp) / "src"
         work.mkdir()
         for src in sources:
             shutil.copyfile(src, work / src.name)
         (work / _UNIT).write_text("".join(f'#include "{u}"\n' for u in units))
-        base = [nvcc, *NVCC_FLAGS]
+        base = [str(nvcc.exe), *NVCC_FLAGS]
         cubin = f"sm_{sm}.cubin"
         _run_nvcc(
-            [*base, "-cubin", "-gencode", gencode, "-o", cubin, _UNIT], work, arch, names
+            nvcc, [*base, "-cubin", "-gencode", gencode, "-o", cubin, _UNIT], work, arch, names
         )
         outs = [out_dir / cubin]
         shutil.copyfile(work / cubin, outs[0])
         if ptx:
             ptx_name = f"compute_{sm}.ptx"
-            _run_nvcc(
-                [*base, "-ptx", f"-arch=compute_{sm}", "-o", ptx_name, _UNIT], work, arch, names
-            )
+            ptx_cmd = [*base, "-ptx", f"-arch=compute_{sm}", "-o", ptx_name, _UNIT]
+            _run_nvcc(nvcc, ptx_cmd, work, arch, names)
             outs.append(out_dir / ptx_name)
             shutil.copyfile(work / ptx_name, outs[1])
     got = cubin_sm(outs[0])

@@ -1,4 +1,5 @@
-"""lock and lock --check: pin the recipe's sources by fetching them once."""
+"""lock and lock --check: pin the recipe's sources (the vLLM wheel and the CUDA toolchain's
+wheels) by fetching them once."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 from qwen38build import lock as lockmod
+from qwen38build import toolchain
 from qwen38build.digest import sha256_file
 from qwen38build.errors import LockError
 from qwen38build.executor import realise
@@ -18,12 +20,16 @@ from qwen38build.store import Store
 
 def check_lock(loaded: LoadedRecipe) -> None:
     """Raise LockError naming the entry when the lock does not serve the recipe."""
-    locked_vllm(loaded, lockmod.read(loaded.root))
+    locked = lockmod.read(loaded.root)
+    locked_vllm(loaded, locked)
+    toolchain.locked_toolchain(loaded, locked)
 
 
 def relock(loaded: LoadedRecipe, store: Store) -> Path:
-    """Fetch the pinned wheel through pip and write lock/ with its sha256 and size."""
+    """Fetch the pinned wheel and the toolchain's through pip and write lock/ with each
+    one's sha256 and size."""
     pin = loaded.recipe.vllm
+    toolchain.require_supported(loaded)  # refuse before fetching anything
     with tempfile.TemporaryDirectory(prefix="q38-lock.") as tmp:
         wheel = pip_download(pin.name, pin.version, python=loaded.recipe.toolchain.python,
                              platform=pin.platform_tag, dest=Path(tmp))
@@ -37,7 +43,9 @@ def relock(loaded: LoadedRecipe, store: Store) -> Path:
             python_tag=pin.python_tag, abi_tag=pin.abi_tag, platform_tag=pin.platform_tag,
             sha256=sha256_file(wheel), size=wheel.stat().st_size,
         )
-        # Keep the download: the next build's fetch takes it by sha256 instead of again.
-        realise([fetch_step(loaded, entry)], store, Reporter(quiet=True),
-                source_dirs=[Path(tmp)])
-    return lockmod.write(loaded.root, [entry])
+        tools = toolchain.pin(loaded, Path(tmp))
+        # Keep the downloads: the next build's fetches take them by sha256 instead of again.
+        folders = [Path(tmp), *(p for p in Path(tmp).iterdir() if p.is_dir())]
+        realise([fetch_step(loaded, e) for e in (entry, *tools)], store, Reporter(quiet=True),
+                source_dirs=folders)
+    return lockmod.write(loaded.root, [entry, *tools])

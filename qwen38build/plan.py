@@ -1,8 +1,10 @@
 """recipe + lock → the step graph.
 
 The vLLM graph is ``fetch`` (the locked wheel) → ``patch`` (the series) → ``wheel`` (the
-patched wheel; its digest is the build hash). Parts of the recipe that have no buildable
-content yet are listed as declared, with the reason, and never as steps.
+patched wheel; its digest is the build hash). The kernels' graph is ``fetch`` (each locked
+compiler wheel) → ``toolchain`` → ``cubin`` per arch → ``pthfa-wheel``. Parts of the recipe
+that have no buildable content yet are listed as declared, with the reason, and never as
+steps.
 """
 
 from __future__ import annotations
@@ -110,13 +112,35 @@ def declared_parts(loaded: LoadedRecipe) -> list[Declared]:
     return out
 
 
-def kernel_steps(loaded: LoadedRecipe, archs: list[str] | None = None) -> list[Step]:
+def toolchain_step(loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel]) -> Step:
+    """The CUDA toolchain: a fetch step per locked compiler wheel, extracted as one entry.
+
+    Its digest covers each wheel's locked file name and sha256 (through the fetch steps) and
+    the recipe's CUDA series; LockError when the lock does not serve that series.
+    """
+    from qwen38build import toolchain
+
+    entries = toolchain.locked_toolchain(loaded, locked)
+    cuda = toolchain.series(loaded)
+    return Step(
+        kind="toolchain", version=kind_version("toolchain"), name=f"cuda-{cuda}-toolchain",
+        params={"cuda": cuda, "top": toolchain.top_dir(cuda)},
+        deps=tuple((e.name, fetch_step(loaded, e)) for e in entries),
+    )
+
+
+def kernel_steps(
+    loaded: LoadedRecipe, archs: list[str] | None = None, *,
+    locked: dict[str, lockmod.LockedWheel] | None = None, system_nvcc: bool = False,
+) -> list[Step]:
     """One cubin step per CUDA arch (PTX for the newest), then the pthfa wheel step.
 
-    Raises KernelBuildError when nvcc is missing: kernels cannot be planned without knowing
-    the compiler that makes them.
+    The cubins compile with the locked toolchain (a dependency of each; ``locked`` defaults
+    to reading lock/), so they are planned without any nvcc on this machine. Only with
+    ``system_nvcc`` do they use the nvcc on PATH, and then its ``--version`` text is in
+    their digest (KernelBuildError when there is none).
     """
-    from qwen38build.kernels import NVCC_FLAGS, nvcc_version
+    from qwen38build.kernels import NVCC_FLAGS, Nvcc, nvcc_version
     from qwen38build.recipe import normalise_arch
 
     r = loaded.recipe
@@ -127,14 +151,21 @@ def kernel_steps(loaded: LoadedRecipe, archs: list[str] | None = None) -> list[S
         raise KernelBuildError(f"{src / 'csrc'} does not exist; there are no kernel sources.")
     csrc = sorted(p for p in (src / "csrc").iterdir() if p.suffix in (".cu", ".cuh", ".h"))
     sources = tuple((p.name, sha256_file(p)) for p in csrc)
-    nvcc = nvcc_version()
+    compiler: dict[str, str]
+    deps: tuple[tuple[str, Step], ...]
+    if system_nvcc:
+        compiler = {"nvcc": "system", "nvcc_version": nvcc_version(Nvcc.find_system())}
+        deps = ()
+    else:
+        tc = toolchain_step(loaded, lockmod.read(loaded.root) if locked is None else locked)
+        compiler, deps = {"nvcc": "toolchain"}, (("toolchain", tc),)
     all_archs = list(r.cuda.archs)
     newest = max(all_archs, key=lambda a: tuple(int(x) for x in a.rstrip("af").split(".")))
     wanted = [normalise_arch(a) for a in archs] if archs else all_archs
     cubins = [
         Step(kind="cubin", version=kind_version("cubin"), name=f"pthfa-sm_{a.replace('.', '')}",
-             params={"arch": a, "nvcc": nvcc, "flags": list(NVCC_FLAGS), "ptx": a == newest},
-             inputs=sources, input_paths={p.name: p for p in csrc})
+             params={"arch": a, "flags": list(NVCC_FLAGS), "ptx": a == newest, **compiler},
+             inputs=sources, input_paths={p.name: p for p in csrc}, deps=deps)
         for a in wanted
     ]
     pkg = src / "python" / "pthfa"

@@ -56,7 +56,14 @@ def _check_hex(value: str) -> str:
     return value
 
 
+def _check_series(value: str) -> str:
+    if not re.fullmatch(r"[1-9][0-9]*\.[0-9]+", value):
+        raise ValueError(f"{value!r} is not a CUDA release series; write MAJOR.MINOR, e.g. '13.0'")
+    return value
+
+
 PepVersion = Annotated[str, AfterValidator(_check_version)]
+CudaSeries = Annotated[str, AfterValidator(_check_series)]
 Arch = Annotated[str, BeforeValidator(normalise_arch)]
 Commit = Annotated[str, AfterValidator(_check_hex)]
 
@@ -126,9 +133,16 @@ class Cuda(_Model):
 
 
 class Toolchain(_Model):
+    """What builds and runs the stack.
+
+    ``python``: pip's ``--python-version`` for every fetch and the environment lock;
+    ``torch``: the torch the environment lock must hold; ``cuda``: the release series of
+    NVIDIA's compiler wheels that ``lock`` pins (the kernels compile with them).
+    """
+
     python: PepVersion
     torch: PepVersion
-    cuda: PepVersion
+    cuda: CudaSeries
 
 
 class Recipe(_Model):

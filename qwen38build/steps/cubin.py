@@ -1,28 +1,36 @@
 """cubin: the pthfa kernels compiled for one CUDA arch.
 
-The digest covers the sources, the arch, whether PTX is emitted and the full
-``nvcc --version`` text the plan saw, so a new compiler misses the cache and a cache hit
-runs no nvcc at all.
+The digest covers the sources, the arch, the flags, whether PTX is emitted and the
+compiler: by default the locked toolchain step (a dependency, so its wheels' sha256s are in
+the digest and a cache hit runs no compiler at all); with the system nvcc, only when the
+user asked, that choice and the full ``nvcc --version`` text the plan saw.
 """
 
 from __future__ import annotations
 
+from qwen38build.errors import KernelBuildError
 from qwen38build.executor import Context
-from qwen38build.kernels import compile_arch, nvcc_version
+from qwen38build.kernels import Nvcc, compile_arch, nvcc_version
+from qwen38build.steps import toolchain
 
 KIND = "cubin"
-VERSION = 1
+VERSION = 2
 
 
 def run(ctx: Context) -> None:
     p = ctx.step.params
-    if nvcc_version() != p["nvcc"]:
-        from qwen38build.errors import KernelBuildError
-
-        raise KernelBuildError(
-            f"nvcc changed since the plan was made (arch {p['arch']}); nothing was stored.",
-            hint="run the build again",
-        )
+    if p["nvcc"] == "toolchain":
+        nvcc = toolchain.nvcc_of(ctx.dep_entry("toolchain"))
+    elif p["nvcc"] == "system":
+        nvcc = Nvcc.find_system()
+        if nvcc_version(nvcc) != p["nvcc_version"]:
+            raise KernelBuildError(
+                f"the system nvcc changed since the plan was made (arch {p['arch']}); "
+                "nothing was stored.",
+                hint="run the build again",
+            )
+    else:
+        raise KernelBuildError(f"cubin step {ctx.step.name}: unknown compiler {p['nvcc']!r}.")
     sources = [ctx.input_path(name) for name, _ in ctx.step.inputs]
     ctx.report(f"nvcc for sm_{str(p['arch']).replace('.', '')}")
-    compile_arch(sources, str(p["arch"]), ctx.out, ptx=bool(p["ptx"]))
+    compile_arch(sources, str(p["arch"]), ctx.out, nvcc=nvcc, ptx=bool(p["ptx"]))

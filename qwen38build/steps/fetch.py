@@ -7,6 +7,7 @@ so the user's own index configuration applies; a mismatch deletes the download.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tempfile
@@ -65,7 +66,7 @@ def pip_download(name: str, version: str, *, python: str, platform: str, dest: P
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--disable-pip-version-check", "--python-version", python, "--implementation", "cp",
-        "--platform", platform, "-d", str(dest), f"{name}=={version}",
+        *platform_args(platform), "-d", str(dest), f"{name}=={version}",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wheels = sorted(dest.glob("*.whl"))
@@ -77,3 +78,23 @@ def pip_download(name: str, version: str, *, python: str, platform: str, dest: P
         )
     return wheels[0]
 
+
+
+_MANYLINUX = re.compile(r"manylinux_2_(?P<minor>\d+)_(?P<arch>\w+)")
+_LEGACY = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+
+
+def platform_args(platform: str) -> list[str]:
+    """``--platform`` options for every tag a ``platform`` system installs.
+
+    pip's ``--platform`` matches tags exactly, so ``manylinux_2_28_x86_64`` alone would refuse
+    a ``manylinux_2_17`` wheel (NVIDIA's compiler wheels) that such a system runs; list the
+    older glibc tags (and their legacy aliases) as an installer would accept them.
+    """
+    m = _MANYLINUX.fullmatch(platform)
+    if m is None:
+        return ["--platform", platform]
+    minor, arch = int(m.group("minor")), m.group("arch")
+    tags = [f"manylinux_2_{y}_{arch}" for y in range(minor, 4, -1)]
+    tags += [f"{alias}_{arch}" for y, alias in _LEGACY.items() if y <= minor]
+    return [arg for tag in tags for arg in ("--platform", tag)]

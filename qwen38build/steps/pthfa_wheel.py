@@ -17,7 +17,11 @@ def run(ctx: Context) -> None:
         dest = package / name
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ctx.input_path(name), dest)
+    # By the names each cubin step recorded, never by listing its folder.
     kernels = sorted(
-        p for dep, _ in ctx.step.deps for p in ctx.dep_entry(dep).path.iterdir()
+        entry.file(name)
+        for dep, _ in ctx.step.deps
+        for entry in [ctx.dep_entry(dep)]
+        for name in entry.outputs
     )
     write_pthfa_wheel(package, kernels, ctx.out, str(ctx.step.params["version"]))
