@@ -1,0 +1,156 @@
+"""The touched files with a series applied, each line knowing which patch brought it in.
+
+The lint attributes an environment read to the patch whose added lines hold it, checks a
+diff's ``index`` line against the file as the earlier patches left it, and bump asks whether
+a failing hunk's context stands on lines an earlier patch added. All three need the same
+thing: the small tree of touched files, patched in series order with GNU patch (the
+definition of "applies"), with the origin of every line kept along the way.
+
+A patch that does not apply is skipped (its files are put back as they were) and listed
+in :attr:`Lineage.failed`; the build reports it, this module only must not guess.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+
+from qwen38build.gnupatch import run_patch
+from qwen38build.patchfile import FileDiff, PatchFile
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a line of the patched tree comes from.
+
+    ``patch`` is the series index of the patch that added it, or None for a line of the
+    pristine file. ``line`` is then the 1-based line in that patch file (added) or in the
+    pristine file (pristine).
+    """
+
+    patch: int | None
+    line: int
+
+
+def split_lines(data: bytes | None) -> list[str]:
+    """A file's lines as the patch sees them (``\\n``-split; the last may be empty)."""
+    if data is None:
+        return []
+    return data.decode("utf-8", "surrogateescape").split("\n")
+
+
+class Lineage:
+    """The files ``files`` (package-relative → bytes, None where absent) under ``root``,
+    advanced patch by patch through ``patches``."""
+
+    def __init__(self, root: Path, files: dict[str, bytes | None],
+                 patches: list[PatchFile]) -> None:
+        self.root = root
+        self.patches = patches
+        self.next = 0
+        self.failed: list[int] = []
+        self.data: dict[str, bytes | None] = dict(files)
+        self.text: dict[str, list[str]] = {}
+        self.origin: dict[str, list[Origin]] = {}
+        for rel, data in files.items():
+            if data is not None:
+                p = root / rel
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_bytes(data)
+            lines = split_lines(data)
+            self.text[rel] = lines
+            self.origin[rel] = [Origin(None, i + 1) for i in range(len(lines))]
+
+    def advance_to(self, k: int) -> None:
+        """Apply the patches before index ``k`` that are not applied yet."""
+        while self.next < k:
+            self._apply(self.next)
+            self.next += 1
+
+    def _apply(self, j: int) -> None:
+        pf = self.patches[j]
+        rels = pf.touched_paths
+        if not run_patch(pf.path, self.root).ok:
+            self.failed.append(j)
+            for rel in rels:  # GNU patch keeps the hunks that did apply: undo them
+                p = self.root / rel
+                data = self.data.get(rel)
+                if data is None:
+                    p.unlink(missing_ok=True)
+                else:
+                    p.write_bytes(data)
+            return
+        for fd in pf.files:
+            for rel in dict.fromkeys(r for r in (fd.old_path, fd.new_path) if r):
+                try:
+                    new = (self.root / rel).read_bytes()
+                except FileNotFoundError:
+                    new = None
+                lines = split_lines(new)
+                if rel == fd.new_path:
+                    self.origin[rel] = _carry(self.text.get(rel, []), lines,
+                                              self.origin.get(rel, []), fd, j)
+                else:
+                    self.origin[rel] = [Origin(None, i + 1) for i in range(len(lines))]
+                self.text[rel] = lines
+                self.data[rel] = new
+
+
+def _carry(old: list[str], new: list[str], origin: list[Origin], fd: FileDiff,
+           j: int) -> list[Origin]:
+    """The origins of ``new`` after patch ``j`` changed ``old`` by ``fd``.
+
+    Exact where the hunks can be placed (each at the match of its old lines nearest to
+    where it says, as GNU patch at fuzz 0 places it); else a difflib alignment, the added
+    lines then named by their text.
+    """
+    out: list[Origin] = []
+    pos = 0
+    delta = 0
+    placed = True
+    for h in fd.hunks:
+        want = h.old_lines
+        guess = h.old_start - 1 + delta if h.old_count else h.old_start + delta
+        at = _nearest(old, want, guess, pos) if want else max(guess, pos)
+        if at is None or at > len(old):
+            placed = False
+            break
+        out += origin[pos:at]
+        pos = at
+        for i, ln in enumerate(h.lines):
+            tag = ln[:1]
+            if tag == " ":
+                out.append(origin[pos])
+                pos += 1
+            elif tag == "-":
+                pos += 1
+            elif tag == "+":
+                out.append(Origin(j, h.patch_line + 1 + i))
+        delta += h.new_count - h.old_count
+    out += origin[pos:]
+    if placed and len(out) == len(new):
+        return out
+    added: dict[str, list[int]] = {}
+    for h in fd.hunks:
+        for line, text in h.added():
+            added.setdefault(text, []).append(line)
+    out = []
+    sm = difflib.SequenceMatcher(None, old, new, autojunk=False)
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag == "equal":
+            out += origin[i1:i2]
+        else:
+            for text in new[j1:j2]:
+                lines = added.get(text) or [fd.patch_line]
+                out.append(Origin(j, lines.pop(0) if len(lines) > 1 else lines[0]))
+    return out
+
+
+def _nearest(have: list[str], want: list[str], guess: int, lo: int) -> int | None:
+    """0-based start of ``want`` in ``have`` at or after ``lo``, nearest to ``guess``."""
+    n = len(want)
+    first = want[0]
+    hits = [i for i in range(lo, len(have) - n + 1)
+            if have[i] == first and have[i:i + n] == want]
+    return min(hits, key=lambda i: abs(i - guess)) if hits else None
