@@ -26,15 +26,12 @@ from __future__ import annotations
 import ast
 import bisect
 import re
-import tempfile
 import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 from qwen38build.lineage import Lineage, Origin
 from qwen38build.patchfile import FileDiff, PatchFile
-from qwen38build.wheelzip import open_wheel
 
 PACKAGE = "vllm"
 _ENVIRON_METHODS = ("get", "setdefault", "pop")
@@ -362,45 +359,38 @@ def reads_in_text(text: str, context: str = "") -> list[Read]:
 # -- the series -----------------------------------------------------------------------------
 
 
-def series_reads(patches: list[PatchFile], wheel: Path | None) -> list[KnobRead]:
+def series_reads(patches: list[PatchFile], lineage: Lineage | None) -> list[KnobRead]:
     """Every environment read the series adds, in series order, each with its patch.
 
-    With the pristine ``wheel`` the touched ``.py`` files are patched in a scratch
-    directory and parsed whole; without it, each patch's added lines are read.
+    With the ``lineage`` of the touched files (the pristine wheel patched through the
+    series) the ``.py`` files are parsed whole; without it, each patch's added lines are
+    read.
     """
-    if wheel is None:
+    if lineage is None:
         return sorted(
             (r for k, pf in enumerate(patches) for r in _hunk_reads(k, pf)),
             key=lambda r: (r.patch, r.patch_line),
         )
-    z = open_wheel(wheel)
-    names = set(z.namelist())
-    rels = {rel for pf in patches for rel in pf.touched_paths if rel.endswith(".py")}
-    files = {
-        rel: z.read(f"{PACKAGE}/{rel}") if f"{PACKAGE}/{rel}" in names else None
-        for rel in sorted(rels)
-    }
     out: list[KnobRead] = []
-    with tempfile.TemporaryDirectory(prefix="q38-knobs.") as tmp:
-        lineage = Lineage(Path(tmp), files, patches)
-        lineage.advance_to(len(patches))
-        for k in lineage.failed:
-            out += _hunk_reads(k, patches[k])
-        unparsed: set[str] = set()
-        for rel in sorted(rels):
-            text = "\n".join(lineage.text[rel])
-            origin = lineage.origin[rel]
-            added = [i + 1 for i, o in enumerate(origin) if o.patch is not None]
-            if lineage.data.get(rel) is None or not _ENV_WORDS.search(text):
-                continue  # no read of any form can be spelled without one of these words
-            reads = reads_in_source(text, lines=added)
-            if reads is None:
-                unparsed.add(rel)
-                continue
-            out += _attributed(rel, reads, origin, set(lineage.failed))
-        for k, pf in enumerate(patches):
-            if k not in lineage.failed and unparsed & set(pf.touched_paths):
-                out += _hunk_reads(k, pf, only=unparsed)
+    for k in lineage.failed:
+        out += _hunk_reads(k, patches[k])
+    unparsed: set[str] = set()
+    for rel in sorted(lineage.text):
+        if not rel.endswith(".py") or lineage.data.get(rel) is None:
+            continue
+        text = "\n".join(lineage.text[rel])
+        origin = lineage.origin[rel]
+        if not _ENV_WORDS.search(text):
+            continue  # no read of any form can be spelled without one of these words
+        added = [i + 1 for i, o in enumerate(origin) if o.patch is not None]
+        reads = reads_in_source(text, lines=added)
+        if reads is None:
+            unparsed.add(rel)
+            continue
+        out += _attributed(rel, reads, origin, set(lineage.failed))
+    for k, pf in enumerate(patches):
+        if k not in lineage.failed and unparsed & set(pf.touched_paths):
+            out += _hunk_reads(k, pf, only=unparsed)
     return sorted(set(out), key=lambda r: (r.patch, r.patch_line, r.name))
 
 

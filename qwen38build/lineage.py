@@ -18,6 +18,7 @@ from pathlib import Path
 
 from qwen38build.gnupatch import run_patch
 from qwen38build.patchfile import FileDiff, PatchFile
+from qwen38build.wheelzip import open_wheel
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,22 @@ def split_lines(data: bytes | None) -> list[str]:
     return data.decode("utf-8", "surrogateescape").split("\n")
 
 
+def from_wheel(root: Path, wheel: Path, patches: list[PatchFile],
+               package: str = "vllm") -> Lineage:
+    """The lineage of every file ``patches`` touch, read from the pristine ``wheel`` and
+    advanced through the whole series (in ``root``, which the caller cleans up)."""
+    z = open_wheel(wheel)
+    names = set(z.namelist())
+    rels = sorted({rel for pf in patches for rel in pf.touched_paths})
+    files = {
+        rel: z.read(f"{package}/{rel}") if f"{package}/{rel}" in names else None
+        for rel in rels
+    }
+    lineage = Lineage(root, files, patches)
+    lineage.advance_to(len(patches))
+    return lineage
+
+
 class Lineage:
     """The files ``files`` (package-relative → bytes, None where absent) under ``root``,
     advanced patch by patch through ``patches``."""
@@ -50,6 +67,8 @@ class Lineage:
         self.patches = patches
         self.next = 0
         self.failed: list[int] = []
+        # The touched files' bytes just before each patch was tried, by series index.
+        self.before: dict[int, dict[str, bytes | None]] = {}
         self.data: dict[str, bytes | None] = dict(files)
         self.text: dict[str, list[str]] = {}
         self.origin: dict[str, list[Origin]] = {}
@@ -71,6 +90,7 @@ class Lineage:
     def _apply(self, j: int) -> None:
         pf = self.patches[j]
         rels = pf.touched_paths
+        self.before[j] = {rel: self.data.get(rel) for rel in rels}
         if not run_patch(pf.path, self.root).ok:
             self.failed.append(j)
             for rel in rels:  # GNU patch keeps the hunks that did apply: undo them

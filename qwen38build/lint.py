@@ -19,7 +19,10 @@ The rules, as ``Finding.rule``:
   (:data:`KNOB_REGISTRY`), or by pristine vLLM, whatever its name; other programs'
   variables are listed in the recipe's ``[lint] env_allow``. Registration is what puts a
   knob in the torch.compile cache key.
-- ``diff-hygiene``: paths leaving the package, binary diffs, whitespace errors of the kinds
+- ``diff-hygiene``: paths leaving the package, binary diffs, ``diff --git`` names that
+  disagree with ``---``/``+++``, ``index`` lines naming another pre-image than the file
+  the earlier patches leave (with the pristine wheel; :mod:`~qwen38build.diffheaders`),
+  whitespace errors of the kinds
   ``git apply --whitespace=error`` reports (trailing whitespace, space before tab in the
   indent, blank lines added at the end of a file), hunk counts that do not match the lines,
   CRLF added to a file that has LF.
@@ -33,6 +36,7 @@ import ast
 import fnmatch
 import hashlib
 import re
+import tempfile
 import tomllib
 import zipfile
 from collections.abc import Iterable, Iterator
@@ -41,7 +45,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from qwen38build import knobs
+from qwen38build import diffheaders, knobs, lineage
 from qwen38build import recipe as recipe_mod
 from qwen38build.errors import PatchFileError, RecipeError
 from qwen38build.patchfile import KINDS, REQUIRED_HEADERS, FileDiff, Hunk, PatchFile
@@ -112,15 +116,22 @@ def check(
     registered = {pf.topic: registered_knobs(pf) for _, pf in patches}
     wheel = pristine_envs if pristine_envs is not None and pristine_envs.suffix == ".whl" \
         else None
-    reads = knobs.series_reads([pf for _, pf in patches], wheel)
-    for k, (entry, pf) in enumerate(patches):
-        own_reads = [r for r in reads if r.patch == k]
-        per_patch = [
-            *_headers(ctx, entry, pf),
-            *_env_knobs(ctx, pf, own_reads, registered, knob_registry, pristine_knobs),
-            *_hygiene(ctx, pf),
-        ]
-        findings.extend(sorted(per_patch, key=lambda f: f.line))
+    with tempfile.TemporaryDirectory(prefix="q38-lint.") as tmp:
+        # The touched files patched through the series: what the knob rule parses, and the
+        # file each index line must name.
+        tree = None if wheel is None else lineage.from_wheel(
+            Path(tmp), wheel, [pf for _, pf in patches]
+        )
+        reads = knobs.series_reads([pf for _, pf in patches], tree)
+        for k, (entry, pf) in enumerate(patches):
+            own_reads = [r for r in reads if r.patch == k]
+            before = None if tree is None else tree.before.get(k)
+            per_patch = [
+                *_headers(ctx, entry, pf),
+                *_env_knobs(ctx, pf, own_reads, registered, knob_registry, pristine_knobs),
+                *_hygiene(ctx, pf, before),
+            ]
+            findings.extend(sorted(per_patch, key=lambda f: f.line))
     findings.extend(_provenance(ctx))
     return findings
 
@@ -425,11 +436,30 @@ def _env_knobs(
 # -- diff hygiene ------------------------------------------------------------------------
 
 
-def _hygiene(ctx: _Context, pf: PatchFile) -> Iterator[Finding]:
+def _hygiene(
+    ctx: _Context, pf: PatchFile, before: dict[str, bytes | None] | None
+) -> Iterator[Finding]:
+    """``before``: the touched files as the earlier patches left them, where known."""
     for problem in pf.problems:
         if problem.rule == "diff-hygiene":
             yield ctx.finding(pf.path, problem.line, "diff-hygiene", problem.message,
                               problem.hint)
+    try:
+        text_lines = pf.path.read_bytes().decode("utf-8").split("\n")
+    except (OSError, UnicodeDecodeError):
+        text_lines = []
+    for fd, h in diffheaders.headers(pf, text_lines):
+        if why := diffheaders.name_mismatch(h):
+            yield ctx.finding(pf.path, h.git_line, "diff-hygiene", f"{why}.", _EXPORT_HINT)
+        pre = fd.old_path or fd.path
+        if before is not None and pre in before and (
+            why := diffheaders.index_mismatch(h, before[pre] if fd.old_path else None)
+        ):
+            yield ctx.finding(
+                pf.path, h.index_line, "diff-hygiene", f"{fd.path}: {why}.",
+                "re-cut the topic on the pinned tree with the series before it "
+                "(qwen38build workspace) and re-export",
+            )
     for fd in pf.files:
         if fd.binary:
             yield ctx.finding(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import knobs, lint
+from qwen38build import knobs, lineage, lint
 from qwen38build.lint import Finding
 from qwen38build.patchfile import PatchFile
 from tests.bump_fixtures import PIN, Project, make_project, make_wheel
@@ -143,7 +143,9 @@ def test_a_read_belongs_to_the_patch_that_added_it(tmp_path: Path) -> None:
                                                  '    "feature.patch",\n    "later.patch",\n'))
     pfs = [PatchFile.parse(e.path) for e in p.loaded().series_entries()]
     assert len(pfs) == len(entries) + 1
-    reads = [r for r in knobs.series_reads(pfs, wheel) if r.name == "KNOB_X"]
+    tree = lineage.from_wheel(tmp_path / "tree", wheel, pfs)
+    assert tree.failed == []
+    reads = [r for r in knobs.series_reads(pfs, tree) if r.name == "KNOB_X"]
     assert [(pfs[r.patch].topic, r.file) for r in reads] == [("feature", "mod.py")]
 
 
@@ -158,3 +160,23 @@ def test_reads_in_source_names_every_form() -> None:
     names = {(r.name, r.form.split(",")[0]) for r in knobs.reads_in_source(src) or []}
     assert {n for n, _ in names} == {"KNOB_X"}
     assert len(names) == len(FORMS)
+
+
+def test_index_lines_are_checked_against_the_series_tree(tmp_path: Path) -> None:
+    p, wheel = project(tmp_path, 'V = os.getenv("VLLM_HOST_IP")\n')
+    loaded = lint.load_for_lint(p.root / "recipe.toml")
+    assert lint.check(loaded, pristine_envs=wheel) == []  # git's own index lines hold
+    patch = p.root / "patches" / "feature.patch"
+    text = patch.read_text()
+    index = next(ln for ln in text.split("\n") if ln.startswith("index "))
+    old = index.split()[1].split("..")[0]
+    patch.write_text(text.replace(index, index.replace(old, "1234567", 1)))
+    (f,) = lint.check(loaded, pristine_envs=wheel)
+    assert (f.file, f.line, f.rule) == (Path("patches/feature.patch"),
+                                        line_of(patch, "index 1234567"), "diff-hygiene")
+    assert f.message.startswith(
+        f"mod.py: the 'index' line names pre-image 1234567, but the file as pristine vLLM "
+        f"and the earlier patches leave it is blob {old}"
+    )
+    # Without the wheel the file before the patch is not known: nothing to check.
+    assert [x for x in lint.check(loaded, pristine_envs=None) if x.rule == "diff-hygiene"] == []

@@ -438,6 +438,36 @@ def test_absolute_path(project: Path) -> None:
     assert "'/etc/kvarn.py' has no a/ or b/ prefix" in f.message
 
 
+def test_diff_git_names_that_disagree_with_minus_plus(project: Path) -> None:
+    path = project / "patches" / "feature-a.patch"
+    edit(path, "diff --git a/v1/feature.py b/v1/feature.py",
+         "diff --git a/v1/other.py b/v1/other.py")
+    f = only(run(project, pristine_knobs=frozenset()))
+    assert (f.file, f.line, f.rule) == (
+        Path("patches/feature-a.patch"), line_of(path, "diff --git a/v1/other.py"),
+        "diff-hygiene",
+    )
+    assert f.message == (
+        "'diff --git' names v1/other.py but '---'/'+++' name v1/feature.py and "
+        "v1/feature.py; GNU patch follows the one, git apply the other."
+    )
+
+
+def test_diff_git_two_names_need_a_rename_line(project: Path) -> None:
+    path = project / "patches" / "feature-a.patch"
+    edit(path, "diff --git a/v1/feature.py b/v1/feature.py",
+         "diff --git a/v1/feature.py b/v1/moved.py")
+    f = run(project, pristine_knobs=frozenset())[0]
+    assert "names two files (v1/feature.py, v1/moved.py) but no rename or copy line" \
+        in f.message
+    edit(path, "diff --git a/v1/feature.py b/v1/moved.py\n",
+         "diff --git a/v1/feature.py b/v1/moved.py\nsimilarity index 90%\n"
+         "rename from v1/feature.py\nrename to v1/moved.py\n")
+    edit(path, "+++ b/v1/feature.py", "+++ b/v1/moved.py")
+    assert [x for x in run(project, pristine_knobs=frozenset()) if "diff --git" in x.message
+            ] == []
+
+
 def test_binary_diff(project: Path) -> None:
     path = project / "kvarn" / "kvarn-x.patch"
     path.write_text(
