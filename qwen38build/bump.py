@@ -38,7 +38,6 @@ Where the new wheel comes from, in order: a fetch entry of the store for that ex
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
@@ -51,17 +50,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 from qwen38build import lock as lockmod
-from qwen38build import workspace
+from qwen38build import upstreamed, workspace
 from qwen38build.digest import sha256_file
 from qwen38build.errors import InputError, LockError
 from qwen38build.gnupatch import run_patch
+from qwen38build.lineage import Lineage
 from qwen38build.patchfile import FileDiff, Hunk, PatchFile
 from qwen38build.recipe import LoadedRecipe, SeriesEntry
 from qwen38build.store import Store
 
-Outcome = Literal["clean", "offset", "conflict", "upstreamed", "deleted", "depends-on-failed"]
+Outcome = Literal["clean", "offset", "conflict", "upstreamed", "likely-upstreamed", "deleted",
+                  "depends-on-failed"]
 APPLIED: frozenset[str] = frozenset({"clean", "offset"})
-FAILED: frozenset[str] = frozenset({"conflict", "deleted", "depends-on-failed"})
+FAILED: frozenset[str] = frozenset({"conflict", "deleted", "depends-on-failed",
+                                    "likely-upstreamed"})
+RETIRABLE: frozenset[str] = frozenset({"upstreamed", "likely-upstreamed"})
 PACKAGE = "vllm"
 
 _CHUNK_RE = re.compile(r"^(?:patching|checking) file '?(?P<path>.+?)'?$")
@@ -93,6 +96,9 @@ class HunkFailure:
     note: str
     upstream_diff: str = ""  # old → new pristine, around the hunk
     depends_on: tuple[str, ...] = ()  # earlier failed patches whose lines it stands on
+    evidence: str = ""  # why it looks upstreamed in other words (empty: it does not)
+    similarity: float | None = None  # difflib ratio of its change to upstream's
+    side_by_side: str = ""  # ours | upstream, where there is evidence
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,11 @@ class PatchReport:
             return ", ".join(f"{o.file} #{o.hunk} {o.offset:+d}" for o in self.offsets)
         if self.outcome == "upstreamed":
             return "reverse-applies to the new tree: retire candidate"
+        if self.outcome == "likely-upstreamed":
+            return "; ".join(
+                f"{h.file} #{h.hunk}: {h.evidence} (similarity {h.similarity:.2f})"
+                for h in self.failures
+            ) + ": retire candidate"
         if self.outcome == "deleted":
             parts = []
             for f in self.deleted:
@@ -187,14 +198,26 @@ class BumpReport:
             detail = p.summary().replace("|", "\\|")
             out.append(f"| {i} | {p.patch} | {p.outcome} | {detail} |")
         for p in self.patches:
-            shown = [h for h in p.failures if p.outcome in ("conflict", "depends-on-failed")]
+            shown = [h for h in p.failures
+                     if p.outcome in ("conflict", "depends-on-failed", "likely-upstreamed")]
             if not shown:
                 continue
             out += ["", f"### {p.patch} ({p.outcome})"]
             for h in shown:
                 out += ["", f"- {h.file} hunk #{h.hunk} ({p.file}:{h.patch_line}): {h.note}"]
-                if h.upstream_diff:
+                if h.similarity is not None and not h.side_by_side:
+                    out[-1] += (f" (similarity to upstream's change {h.similarity:.2f}, "
+                                f"below {upstreamed.THRESHOLD})")
+                if h.side_by_side:
+                    out += ["", f"similarity {h.similarity:.2f} (threshold "
+                            f"{upstreamed.THRESHOLD}):", "", "```", h.side_by_side, "```"]
+                elif h.upstream_diff:
                     out += ["", "```diff", h.upstream_diff.rstrip("\n"), "```"]
+        retire = [p.patch for p in self.patches if p.outcome in RETIRABLE]
+        if retire:
+            out += ["", f"Retire candidates: {', '.join(retire)}. `bump --rebase DIR "
+                    "--retire` moves them to series.retired, deletes their files and keeps "
+                    "their prose in PATCHES.md's retired section."]
         if self.rebase is not None:
             r = self.rebase
             out.append("")
@@ -339,63 +362,6 @@ def _gnu_by_file(output: str) -> dict[str, _GnuFile]:
     return out
 
 
-class _OldChain:
-    """The old pin's touched files with the series applied up to a patch, line by line.
-
-    Each line carries its origin: the index of the patch that brought it in (None for the
-    pristine file) and its line in the old pristine file (None for added lines).
-    """
-
-    def __init__(self, root: Path, old: dict[str, bytes | None],
-                 patches: list[PatchFile]) -> None:
-        self.root = root
-        self.patches = patches
-        self.next = 0
-        _write_tree(root, old)
-        self.text = {rel: _lines(data) for rel, data in old.items()}
-        self.origin: dict[str, list[tuple[int | None, int | None]]] = {
-            rel: [(None, i + 1) for i in range(len(lines))] if old[rel] is not None else []
-            for rel, lines in self.text.items()
-        }
-        self.broken: list[int] = []  # patches that do not apply even on the old pin
-
-    def advance_to(self, k: int) -> None:
-        """Apply patches up to (not including) ``k``."""
-        while self.next < k:
-            j = self.next
-            self.next += 1
-            pf = self.patches[j]
-            if not run_patch(pf.path, self.root).ok:
-                self.broken.append(j)
-            for rel in pf.touched_paths:
-                new = _lines(_read(self.root / rel))
-                self.origin[rel] = _carry(self.text.get(rel, []), new,
-                                          self.origin.get(rel, []), j)
-                self.text[rel] = new
-
-
-def _carry(
-    a: list[str], b: list[str], origin: list[tuple[int | None, int | None]], j: int
-) -> list[tuple[int | None, int | None]]:
-    if a == b:
-        return origin
-    pre = 0
-    while pre < min(len(a), len(b)) and a[pre] == b[pre]:
-        pre += 1
-    suf = 0
-    while suf < min(len(a), len(b)) - pre and a[-1 - suf] == b[-1 - suf]:
-        suf += 1
-    out = origin[:pre]
-    sm = difflib.SequenceMatcher(None, a[pre:len(a) - suf], b[pre:len(b) - suf], autojunk=False)
-    for tag, i1, i2, j1, j2 in sm.get_opcodes():
-        if tag == "equal":
-            out += origin[pre + i1:pre + i2]
-        else:
-            out += [(j, None)] * (j2 - j1)
-    out += origin[len(a) - suf:]
-    return out
-
-
 def _diff_hunks(old: Path, new: Path) -> list[tuple[int, int, list[str]]]:
     """The hunks of ``diff -U3 old new``: (old start, old count, lines with the @@ line).
 
@@ -445,13 +411,13 @@ class _Trial:
         self.old_names, self.new_names = old_names, new_names
         self.versions = versions
         self.root = root
-        self._chain: _OldChain | None = None
+        self._chain: Lineage | None = None
         self._upstream: dict[str, list[tuple[int, int, list[str]]]] = {}
         self.outcomes: list[Outcome] = []
 
-    def chain(self, k: int) -> _OldChain:
+    def chain(self, k: int) -> Lineage:
         if self._chain is None:
-            self._chain = _OldChain(self.tmp / "old", self.old, self.patches)
+            self._chain = Lineage(self.tmp / "old", self.old, self.patches)
         self._chain.advance_to(k)
         return self._chain
 
@@ -496,6 +462,8 @@ class _Trial:
             return PatchReport(name, file, "upstreamed")
         failures = self._failures(k, pf, _gnu_by_file(result.output))
         depends = tuple(dict.fromkeys(d for h in failures for d in h.depends_on))
+        if failures and all(h.evidence for h in failures):
+            return PatchReport(name, file, "likely-upstreamed", failures=failures)
         if failures and all(h.depends_on for h in failures):
             return PatchReport(name, file, "depends-on-failed", failures=failures,
                                depends_on=depends)
@@ -557,15 +525,22 @@ class _Trial:
         origin = chain.origin.get(rel, [])
         lo = hi = 0
         depends: list[str] = []
+        own_gone = False
         if hunk is not None:
             at = _find(text, hunk.old_lines, hunk.old_start)
             span = origin[at:at + len(hunk.old_lines)] if at is not None else []
             if at is None and hunk.old_lines:
                 note += "; its context is not in the old pin's tree either"
-            for src, _ in span:
-                if src is not None and self.outcomes[src] in FAILED:
-                    depends.append(self.entries[src].row_name)
-            olds = [ln for _, ln in span if ln is not None]
+            failed = [o.patch is not None and self.outcomes[o.patch] in FAILED for o in span]
+            depends = [self.entries[o.patch].row_name for o, f in zip(span, failed, strict=True)
+                       if f and o.patch is not None]
+            if depends:
+                # depends-on-failed only when the hunk's own context (the lines no failed
+                # patch brought in) still stands in the new tree.
+                have = _lines(_read(self.work / fd.path))
+                own_gone = any(_find(have, run, hunk.old_start) is None
+                               for run in _runs(hunk.old_lines, failed))
+            olds = [o.line for o in span if o.patch is None]
             if olds:
                 lo, hi = min(olds), max(olds)
             else:
@@ -573,16 +548,43 @@ class _Trial:
         if not hunk and fd.old_path is None:
             lo, hi = 1, len(_lines(self.new.get(rel)))
         upstream = ""
+        uhunks: list[tuple[int, int, list[str]]] = []
         if lo and (self.old.get(rel) is not None or self.new.get(rel) is not None):
-            upstream = _upstream_diff(rel, self.upstream_hunks(rel), lo, hi, self.versions)
-        if depends:
-            note += "; its context came from " + ", ".join(dict.fromkeys(depends))
+            uhunks = self.upstream_hunks(rel)
+            upstream = _upstream_diff(rel, uhunks, lo, hi, self.versions)
+        found = upstreamed.evidence(hunk, uhunks, lo, hi) if hunk is not None else None
+        names = ", ".join(dict.fromkeys(depends))
+        if depends and own_gone:
+            note += (f"; part of its context came from {names}, but its own context lines "
+                     "are gone from the new pin: a conflict of its own, re-cutting "
+                     f"{names} will not fix it")
+            depends = []
+        elif depends:
+            note += f"; its context came from {names}"
         elif hunk is not None and not upstream and self.old.get(rel) is not None:
             note += "; upstream did not change these lines"
+        likely = found is not None and found.likely
+        if found is not None and found.likely:
+            note += f"; likely upstreamed: {found.note}"
         return HunkFailure(
             file=fd.path, hunk=i + 1, patch_line=hunk.patch_line if hunk else fd.patch_line,
             note=note, upstream_diff=upstream, depends_on=tuple(dict.fromkeys(depends)),
+            evidence=found.note if found and likely else "",
+            similarity=round(found.similarity, 3) if found and uhunks else None,
+            side_by_side=found.side_by_side if found and likely else "",
         )
+
+
+def _runs(lines: list[str], skip: list[bool]) -> list[list[str]]:
+    """The maximal runs of ``lines`` whose ``skip`` flag is False."""
+    runs: list[list[str]] = [[]]
+    for line, s in zip(lines, skip, strict=True):
+        if s:
+            if runs[-1]:
+                runs.append([])
+        else:
+            runs[-1].append(line)
+    return [r for r in runs if r]
 
 
 def try_series(
