@@ -162,6 +162,7 @@ class BumpReport:
     dry_run: bool
     seconds: float = 0.0
     rebase: RebaseResult | None = None
+    retired: tuple[str, ...] = ()  # rows moved to series.retired by --retire
 
     @property
     def ok(self) -> bool:
@@ -177,6 +178,7 @@ class BumpReport:
             "seconds": round(self.seconds, 3),
             "wheel": asdict(self.wheel),
             "patches": [asdict(p) for p in self.patches],
+            "retired": list(self.retired),
             "rebase": None if self.rebase is None else {
                 **asdict(self.rebase), "ok": self.rebase.ok,
             },
@@ -214,9 +216,13 @@ class BumpReport:
                 elif h.upstream_diff:
                     out += ["", "```diff", h.upstream_diff.rstrip("\n"), "```"]
         retire = [p.patch for p in self.patches if p.outcome in RETIRABLE]
-        if retire:
-            out += ["", f"Retire candidates: {', '.join(retire)}. `bump --rebase DIR "
-                    "--retire` moves them to series.retired, deletes their files and keeps "
+        if self.retired:
+            out += ["", f"Retired: {', '.join(self.retired)} (series.retired, files deleted, "
+                    "prose in PATCHES.md)."]
+        elif retire:
+            out += ["", f"Retire candidates: {', '.join(retire)}. `qwen38build bump vllm "
+                    f"{self.new_version} --retire` (with `--rebase DIR` to carry the "
+                    "workspace) moves them to series.retired, deletes their files and keeps "
                     "their prose in PATCHES.md's retired section."]
         if self.rebase is not None:
             r = self.rebase
@@ -609,9 +615,11 @@ def try_series(
 
 def bump(
     loaded: LoadedRecipe, store: Store, new_version: str, dry_run: bool = True,
-    rebase: Path | None = None,
+    rebase: Path | None = None, retire: bool = False,
 ) -> BumpReport:
-    """Try the series on vllm ``new_version``; unless ``dry_run``, re-pin recipe and lock."""
+    """Try the series on vllm ``new_version``; unless ``dry_run``, re-pin recipe and lock,
+    and with ``retire`` retire every upstreamed and likely-upstreamed patch
+    (:mod:`qwen38build.retire`)."""
     from packaging.version import InvalidVersion, Version
 
     t0 = time.perf_counter()
@@ -628,6 +636,13 @@ def bump(
         report.rebase = rebase_workspace(loaded, store, rebase, new_version, new_wheel)
     if not dry_run:
         repin(loaded, new_entry)
+        reasons = {p.patch: f"{p.outcome} in {new_version}: {p.summary()}"
+                   for p in patches if p.outcome in RETIRABLE}
+        if retire and reasons:
+            from qwen38build.retire import retire as retire_topics
+
+            retire_topics(loaded, reasons, new_version)
+            report.retired = tuple(reasons)
     report.seconds = time.perf_counter() - t0
     return report
 

@@ -365,3 +365,40 @@ def test_context_missing_only_by_the_earlier_patch_is_depends_on_failed(
     assert got["base"].outcome == "conflict"
     assert got["on-base"].outcome == "depends-on-failed"
     assert got["on-base"].depends_on == ("base",)
+
+
+def test_retire_moves_the_topic_to_retired_and_keeps_its_prose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qwen38build import lint, table
+
+    upstream = sub(SERVE, "    for r in requests:\n",
+                   "    for r in requests:\n        if done >= limit:\n"
+                   "            logger.warning('stopping: the limit of %d is reached', limit)\n"
+                   "            break\n")
+    p = custom_pins(tmp_path, monkeypatch, SERVE, upstream,
+                    {"limit": (SERVE, OURS), "other": (SERVE, sub(SERVE, "    return None\n",
+                                                                   "    return 0\n"))})
+    md = p.root / "PATCHES.md"
+    md.write_text("# Ledger\n\n<!-- table:begin -->\n<!-- table:end -->\n\nRetired earlier: x.\n")
+    table.write(p.loaded(), md)
+    assert "| limit |" in md.read_text()
+    report = bump.bump(p.loaded(), p.store, NEW, dry_run=False, retire=True)
+    assert report.retired == ("limit",)
+    loaded = recipe.load(p.root / "recipe.toml")
+    assert loaded.recipe.series.retired == ["old-topic", "limit"]
+    assert [e.row_name for e in loaded.series_entries()] == ["other"]
+    assert not (p.root / "patches" / "limit.patch").exists()
+    text = md.read_text()
+    assert "| limit |" not in text and "| other |" in text
+    sim = report.patches[0].failures[0].similarity
+    assert text.endswith(
+        f"Retired earlier: x.\n\nRetired at {NEW} and removed from the tree: `limit` "
+        f"(likely-upstreamed in {NEW}: serve.py #1: its added lines are all in the upstream "
+        f"diff, with other strings ('request limit %d reached, stopping') (similarity "
+        f"{sim:.2f}): retire candidate). It did: limit does a thing. Why limit is right: a "
+        "paragraph of prose. # a line that starts like a comment stays in the body\n"
+    )
+    assert [f for f in lint.check(lint.load_for_lint(p.root / "recipe.toml"))
+            if f.rule == "series"] == []
+    assert "Retired: limit" in report.to_markdown()
