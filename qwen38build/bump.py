@@ -53,7 +53,7 @@ from qwen38build import lock as lockmod
 from qwen38build import upstreamed, workspace
 from qwen38build.digest import sha256_file
 from qwen38build.errors import InputError, LockError
-from qwen38build.gnupatch import run_patch
+from qwen38build.gnupatch import run_patch, scratch_parent
 from qwen38build.lineage import Lineage
 from qwen38build.patchfile import FileDiff, Hunk, PatchFile
 from qwen38build.recipe import LoadedRecipe, SeriesEntry
@@ -604,7 +604,7 @@ def try_series(
         touched.update(pf.touched_paths)
     old, old_names = _read_members(old_wheel, touched)
     new, new_names = _read_members(new_wheel, touched)
-    with tempfile.TemporaryDirectory(prefix="q38-bump.") as tmp:
+    with tempfile.TemporaryDirectory(prefix="q38-bump.", dir=scratch_parent()) as tmp:
         trial = _Trial(Path(tmp), entries, patches, old, new, old_names, new_names, versions,
                        loaded.root)
         return trial.run()

@@ -58,8 +58,14 @@ def from_wheel(root: Path, wheel: Path, patches: list[PatchFile],
 
 
 class Lineage:
-    """The files ``files`` (package-relative → bytes, None where absent) under ``root``,
-    advanced patch by patch through ``patches``."""
+    """The files ``files`` (package-relative → bytes, None where absent), advanced patch by
+    patch through ``patches``.
+
+    Kept in memory: a patch whose every hunk is found exactly (fuzz 0, the match nearest
+    to where the hunk says, as GNU patch places it) is applied here, line origins and all,
+    without a process or a file. Anything else (a hunk not found, a rename, a missing
+    newline at the end, a binary diff) goes to GNU patch in ``root``, which decides.
+    """
 
     def __init__(self, root: Path, files: dict[str, bytes | None],
                  patches: list[PatchFile]) -> None:
@@ -73,10 +79,6 @@ class Lineage:
         self.text: dict[str, list[str]] = {}
         self.origin: dict[str, list[Origin]] = {}
         for rel, data in files.items():
-            if data is not None:
-                p = root / rel
-                p.parent.mkdir(parents=True, exist_ok=True)
-                p.write_bytes(data)
             lines = split_lines(data)
             self.text[rel] = lines
             self.origin[rel] = [Origin(None, i + 1) for i in range(len(lines))]
@@ -91,15 +93,25 @@ class Lineage:
         pf = self.patches[j]
         rels = pf.touched_paths
         self.before[j] = {rel: self.data.get(rel) for rel in rels}
+        done = _in_memory(pf, j, self.text, self.origin, self.data)
+        if done is not None:
+            for rel, (lines, origin) in done.items():
+                self.text[rel], self.origin[rel] = lines, origin
+                self.data[rel] = "\n".join(lines).encode("utf-8", "surrogateescape")
+            return
+        self._with_gnu_patch(j, pf, rels)
+
+    def _with_gnu_patch(self, j: int, pf: PatchFile, rels: list[str]) -> None:
+        for rel in rels:
+            p = self.root / rel
+            data = self.data.get(rel)
+            if data is None:
+                p.unlink(missing_ok=True)
+            else:
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_bytes(data)
         if not run_patch(pf.path, self.root).ok:
-            self.failed.append(j)
-            for rel in rels:  # GNU patch keeps the hunks that did apply: undo them
-                p = self.root / rel
-                data = self.data.get(rel)
-                if data is None:
-                    p.unlink(missing_ok=True)
-                else:
-                    p.write_bytes(data)
+            self.failed.append(j)  # the files in memory are as they were
             return
         for fd in pf.files:
             for rel in dict.fromkeys(r for r in (fd.old_path, fd.new_path) if r):
@@ -117,45 +129,87 @@ class Lineage:
                 self.data[rel] = new
 
 
-def _carry(old: list[str], new: list[str], origin: list[Origin], fd: FileDiff,
-           j: int) -> list[Origin]:
-    """The origins of ``new`` after patch ``j`` changed ``old`` by ``fd``.
+def _in_memory(
+    pf: PatchFile, j: int, text: dict[str, list[str]], origin: dict[str, list[Origin]],
+    data: dict[str, bytes | None],
+) -> dict[str, tuple[list[str], list[Origin]]] | None:
+    """Patch ``j`` applied to the texts, each file's new lines and origins; None when it
+    cannot be done exactly here (GNU patch then decides)."""
+    out: dict[str, tuple[list[str], list[Origin]]] = {}
+    for fd in pf.files:
+        if fd.binary or (fd.old_path != fd.new_path and None not in (fd.old_path, fd.new_path)):
+            return None
+        if any(ln.startswith("\\") for h in fd.hunks for ln in h.lines):
+            return None  # "\ No newline at end of file": GNU patch's business
+        rel = fd.path
+        if rel in out:
+            return None  # two diffs of one file in one patch
+        if fd.old_path is None:  # a new file
+            if data.get(rel) is not None or len(fd.hunks) != 1:
+                return None
+            (h,) = fd.hunks
+            out[rel] = ([*h.new_lines, ""],
+                        [Origin(j, h.patch_line + 1 + i) for i in range(len(h.lines))] +
+                        [Origin(j, h.patch_line + len(h.lines))])
+            continue
+        if data.get(rel) is None or fd.new_path is None:
+            return None  # a deletion, or a file that is not there: GNU patch says
+        placed = _place(text[rel], origin[rel], fd, j)
+        if placed is None:
+            return None
+        out[rel] = placed
+    return out
 
-    Exact where the hunks can be placed (each at the match of its old lines nearest to
-    where it says, as GNU patch at fuzz 0 places it); else a difflib alignment, the added
-    lines then named by their text.
-    """
+
+def _place(old: list[str], origin: list[Origin], fd: FileDiff, j: int
+           ) -> tuple[list[str], list[Origin]] | None:
+    """``fd``'s hunks applied to ``old`` at fuzz 0, or None where one is not found."""
+    lines: list[str] = []
     out: list[Origin] = []
     pos = 0
     delta = 0
-    placed = True
     for h in fd.hunks:
         want = h.old_lines
         guess = h.old_start - 1 + delta if h.old_count else h.old_start + delta
-        at = _nearest(old, want, guess, pos) if want else max(guess, pos)
-        if at is None or at > len(old):
-            placed = False
-            break
+        at = _nearest(old, want, guess, pos) if want else guess
+        if at is None or not pos <= at <= len(old):
+            return None
+        lines += old[pos:at]
         out += origin[pos:at]
         pos = at
         for i, ln in enumerate(h.lines):
             tag = ln[:1]
             if tag == " ":
+                lines.append(old[pos])
                 out.append(origin[pos])
                 pos += 1
             elif tag == "-":
                 pos += 1
             elif tag == "+":
+                lines.append(ln[1:])
                 out.append(Origin(j, h.patch_line + 1 + i))
-        delta += h.new_count - h.old_count
+        # GNU patch expects the next hunk at its own line moved by this one's offset.
+        delta = at - (h.old_start - 1 if h.old_count else h.old_start)
+    lines += old[pos:]
     out += origin[pos:]
-    if placed and len(out) == len(new):
-        return out
+    return lines, out
+
+
+def _carry(old: list[str], new: list[str], origin: list[Origin], fd: FileDiff,
+           j: int) -> list[Origin]:
+    """The origins of ``new`` after patch ``j`` (GNU patch) changed ``old`` by ``fd``.
+
+    Exact where the hunks can be placed as :func:`_place` does and give ``new``; else a
+    difflib alignment, the added lines then named by their text.
+    """
+    placed = _place(old, origin, fd, j)
+    if placed is not None and placed[0] == new:
+        return placed[1]
     added: dict[str, list[int]] = {}
     for h in fd.hunks:
         for line, text in h.added():
             added.setdefault(text, []).append(line)
-    out = []
+    out: list[Origin] = []
     sm = difflib.SequenceMatcher(None, old, new, autojunk=False)
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag == "equal":
