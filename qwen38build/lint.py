@@ -125,7 +125,9 @@ def check(
         reads = knobs.series_reads([pf for _, pf in patches], tree)
         for k, (entry, pf) in enumerate(patches):
             own_reads = [r for r in reads if r.patch == k]
-            before = None if tree is None else tree.before.get(k)
+            # A patch that does not apply is the build's to report (GNU patch names the
+            # hunk); its index line would only repeat that less precisely.
+            before = None if tree is None or k in tree.failed else tree.before.get(k)
             per_patch = [
                 *_headers(ctx, entry, pf),
                 *_env_knobs(ctx, pf, own_reads, registered, knob_registry, pristine_knobs),
