@@ -31,12 +31,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from qwen38build.lineage import Lineage, Origin
-from qwen38build.patchfile import FileDiff, PatchFile
+from qwen38build.patchfile import FileDiff, Hunk, PatchFile
 
 PACKAGE = "vllm"
 _ENVIRON_METHODS = ("get", "setdefault", "pop")
 _KNOB_ATTR_RE = re.compile(r"[A-Z][A-Z0-9_]*")
-_ENV_WORDS = re.compile(r"environ|getenv|envs")
+_BINDS_RE = re.compile(  # a name bound to os, os.environ, os.getenv or vllm.envs
+    r"(?:\bimport\s+(?:os|vllm\.envs)\s+as\s+|\b(?:environ|getenv|envs)\s+as\s+)(?P<as>\w+)"
+    r"|^\s*(?P<as2>\w+)\s*(?::[^=]*)?=\s*(?:dict\()?\s*\w+\.(?:environ|getenv)\b",
+    re.M,
+)
 
 
 @dataclass(frozen=True)
@@ -380,8 +384,9 @@ def series_reads(patches: list[PatchFile], lineage: Lineage | None) -> list[Knob
             continue
         text = "\n".join(lineage.text[rel])
         origin = lineage.origin[rel]
-        if not _ENV_WORDS.search(text):
-            continue  # no read of any form can be spelled without one of these words
+        if not _may_read(text, [h for pf in patches for fd in pf.files
+                                if fd.new_path == rel for h in fd.hunks]):
+            continue
         added = [i + 1 for i, o in enumerate(origin) if o.patch is not None]
         reads = reads_in_source(text, lines=added)
         if reads is None:
@@ -392,6 +397,17 @@ def series_reads(patches: list[PatchFile], lineage: Lineage | None) -> list[Knob
         if k not in lineage.failed and unparsed & set(pf.touched_paths):
             out += _hunk_reads(k, pf, only=unparsed)
     return sorted(set(out), key=lambda r: (r.patch, r.patch_line, r.name))
+
+
+def _may_read(text: str, hunks: list[Hunk]) -> bool:
+    """Whether a read can stand on a line the series adds to a file: some hunk's lines
+    (added and context, so a call wrapped over a few lines counts) name the environment,
+    ``getenv``, ``envs`` or a name the file binds to one of them. Parsing a large file
+    costs tens of milliseconds; most touched files are skipped here."""
+    words = {"environ", "getenv", "envs"}
+    words.update(m.group("as") or m.group("as2") for m in _BINDS_RE.finditer(text))
+    pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, sorted(words))) + r")\b")
+    return any(pattern.search("\n".join(h.new_lines)) for h in hunks)
 
 
 def _attributed(rel: str, reads: Iterable[Read], origin: list[Origin],
