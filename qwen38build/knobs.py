@@ -431,32 +431,43 @@ def _hunk_reads(k: int, pf: PatchFile, only: set[str] | None = None) -> list[Kno
         ):
             continue
         context = "\n".join(t for h in fd.hunks for _, t in h.added())
-        for run in _added_runs(fd):
-            out += _run_reads(k, fd, run, context)
+        for h in fd.hunks:
+            out += _hunk_new_side_reads(k, fd, h, context)
     return out
 
 
-def _added_runs(fd: FileDiff) -> list[list[tuple[int, str]]]:
-    """Contiguous runs of added lines, each line with its line in the patch file."""
-    runs: list[list[tuple[int, str]]] = []
-    for h in fd.hunks:
-        current: list[tuple[int, str]] = []
-        for i, ln in enumerate(h.lines):
-            if ln.startswith("+"):
-                current.append((h.patch_line + 1 + i, ln[1:]))
-            elif current and not ln.startswith("\\"):
-                runs.append(current)
-                current = []
-        if current:
-            runs.append(current)
-    return runs
-
-
-def _run_reads(k: int, fd: FileDiff, run: list[tuple[int, str]], context: str
-               ) -> list[KnobRead]:
-    text = "\n".join(t for _, t in run)
+def _hunk_new_side_reads(k: int, fd: FileDiff, h: Hunk, context: str) -> list[KnobRead]:
+    """Reads whose name stands on an added line of ``h``, read from the hunk's new side
+    (context included, so a call wrapped over a context line is seen): by ast where the
+    side parses; else by ast for each run of added lines that parses, and by patterns
+    over the whole side."""
+    side: list[tuple[int | None, str]] = [
+        (h.patch_line + 1 + i if ln.startswith("+") else None, ln[1:])
+        for i, ln in enumerate(h.lines) if ln[:1] in (" ", "+")
+    ]
+    text = "\n".join(t for _, t in side)
     reads = reads_in_source(textwrap.dedent(text), context)
     if reads is None:
-        reads = reads_in_text(text, context)
-    return [KnobRead(k, fd.path, run[min(r.line, len(run)) - 1][0], r.name, r.form)
-            for r in reads]
+        reads = []
+        pattern_reads = reads_in_text(text, context)
+        start = 0
+        while start < len(side):  # runs of added lines, each parsed on its own
+            if side[start][0] is None:
+                start += 1
+                continue
+            end = start
+            while end < len(side) and side[end][0] is not None:
+                end += 1
+            run = textwrap.dedent("\n".join(t for _, t in side[start:end]))
+            got = reads_in_source(run, context) or []
+            reads += [Read(r.name, r.form, r.line + start, r.first + start,
+                           r.last + start) for r in got]
+            start = end
+        # After the runs' own reads: what only the context makes a read (a wrapped call).
+        reads += pattern_reads
+    found: dict[tuple[str, int], KnobRead] = {}
+    for r in reads:
+        line = side[r.line - 1][0] if 0 < r.line <= len(side) else None
+        if line is not None:
+            found.setdefault((r.name, line), KnobRead(k, fd.path, line, r.name, r.form))
+    return list(found.values())

@@ -30,6 +30,9 @@ import os
 from vllm import envs
 
 PRISTINE = os.environ.get("PRISTINE_ONLY", "")
+WRAPPED = os.environ.get(
+    "PRISTINE_WRAPPED", "0"
+)
 
 
 def serve() -> int:
@@ -180,3 +183,17 @@ def test_index_lines_are_checked_against_the_series_tree(tmp_path: Path) -> None
     )
     # Without the wheel the file before the patch is not known: nothing to check.
     assert [x for x in lint.check(loaded, pristine_envs=None) if x.rule == "diff-hygiene"] == []
+
+
+@pytest.mark.parametrize("with_wheel", [True, False], ids=["tree", "hunks"])
+def test_a_name_changed_inside_a_pristine_wrapped_call_is_a_read(
+    tmp_path: Path, with_wheel: bool
+) -> None:
+    """Only the line with the name is added; the call's head is pristine context."""
+    wheel = make_wheel(tmp_path / "wheels", PIN, {"__init__.py": "", "envs.py": ENVS,
+                                                  "mod.py": MOD})
+    p = make_project(tmp_path, wheel, ["rename"])
+    p.patch("patches", "rename", [("mod.py", MOD, MOD.replace('"PRISTINE_WRAPPED"', '"KNOB_Y"'))])
+    (f,) = env_findings(p, wheel if with_wheel else None)
+    assert f.line == line_of(p.root / "patches" / "rename.patch", '+    "KNOB_Y"')
+    assert "rename reads env knob KNOB_Y (os.environ.get) in mod.py" in f.message
