@@ -166,8 +166,8 @@ class BumpReport:
 
     @property
     def ok(self) -> bool:
-        """True when every patch applies (clean or with offsets)."""
-        return all(p.outcome in APPLIED for p in self.patches)
+        """True when every patch applies (clean or with offsets) or was retired."""
+        return all(p.outcome in APPLIED or p.patch in self.retired for p in self.patches)
 
     def to_json(self) -> dict[str, Any]:
         return {

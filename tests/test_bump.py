@@ -402,3 +402,25 @@ def test_retire_moves_the_topic_to_retired_and_keeps_its_prose(
     assert [f for f in lint.check(lint.load_for_lint(p.root / "recipe.toml"))
             if f.rule == "series"] == []
     assert "Retired: limit" in report.to_markdown()
+
+
+def test_cli_retire_refuses_dry_run_and_retires_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from qwen38build.cli import main
+
+    upstream = sub(SERVE, "    for r in requests:\n",
+                   "    for r in requests:\n        if done >= limit:\n"
+                   "            logger.warning('stopping: the limit of %d is reached', limit)\n"
+                   "            break\n")
+    p = custom_pins(tmp_path, monkeypatch, SERVE, upstream, {"limit": (SERVE, OURS)})
+    common = ["--recipe", str(p.root / "recipe.toml"), "--store", str(p.store_root)]
+    before = (p.root / "recipe.toml").read_bytes()
+    assert main([*common, "bump", "vllm", NEW, "--dry-run", "--retire"]) == 2
+    assert "--retire changes the recipe" in capsys.readouterr().err
+    assert (p.root / "recipe.toml").read_bytes() == before
+    assert main([*common, "bump", "vllm", NEW, "--dry-run"]) == 1
+    assert "Retire candidates: limit." in capsys.readouterr().out
+    assert main([*common, "bump", "vllm", NEW, "--retire"]) == 0  # the one failure retired
+    assert "Retired: limit" in capsys.readouterr().out
+    assert recipe.load(p.root / "recipe.toml").recipe.series.retired == ["old-topic", "limit"]
