@@ -17,8 +17,9 @@ Writes (``os.environ[X] = ...``, ``del``) are not reads. A read whose name is co
 cannot be checked and is not reported.
 
 Without the pristine wheel (or for a file that does not parse, or a patch that does not
-apply) the added lines of each hunk are read instead: by :mod:`ast` where a run of added
-lines parses on its own, else by patterns that span line breaks.
+apply) each hunk's new side (added and context lines) is read instead, and the reads whose
+name stands on an added line kept: by :mod:`ast` where the side, or a run of added lines,
+parses on its own, and by patterns that span line breaks.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class KnobRead:
 # -- reading a source text ----------------------------------------------------------------
 
 
-class _Visitor(ast.NodeVisitor):
+class _Visitor:
     """Collects reads; aliases are bound as the module binds them (flow-insensitive)."""
 
     def __init__(self) -> None:
@@ -185,7 +186,7 @@ class _Visitor(ast.NodeVisitor):
 
     # reads ------------------------------------------------------------------------------
 
-    def visit(self, nodes: list[ast.AST]) -> None:  # type: ignore[override]
+    def visit(self, nodes: list[ast.AST]) -> None:
         """Look at each of ``nodes`` (already walked) once; no recursion of its own."""
         for node in nodes:
             method = getattr(self, f"visit_{type(node).__name__}", None)
@@ -230,8 +231,6 @@ class _Visitor(ast.NodeVisitor):
         if node.module == f"{PACKAGE}.envs" or (node.level and node.module == "envs"):
             for a in node.names:
                 if _KNOB_ATTR_RE.fullmatch(a.name):
-                    const = ast.Constant(a.name)
-                    const.lineno = node.lineno
                     self.reads.append(Read(a.name, f"from {node.module} import",
                                            node.lineno, node.lineno,
                                            node.end_lineno or node.lineno))
