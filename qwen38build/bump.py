@@ -15,17 +15,25 @@ applied. Each patch gets one outcome:
 ``deleted``
     a file it changes is in the old wheel but not in the new one (deleted or moved; files
     of the new wheel with the same name are named as the likely new place).
+``likely-upstreamed``
+    does not apply, but every failing hunk's change is in the new pin in other words
+    (:mod:`qwen38build.upstreamed`: its added lines in the upstream diff, or a change
+    alike in the same region); shown side by side with the similarity. A retire
+    candidate, as ``upstreamed`` is; ``--retire`` retires both.
 ``depends-on-failed``
     every hunk that fails stands, in the old pin's tree with the series applied up to
-    it, on lines that an earlier patch which fails now brought in: fixing that patch
-    comes first, and its own failure would be a false conflict.
+    it, on lines that an earlier patch which fails now brought in, and its own context
+    lines (the rest) still stand in the new tree: fixing that patch comes first, and its
+    own failure would be a false conflict. Where its own lines are gone too (upstream
+    re-indented the region, say) it is a conflict of its own.
 ``conflict``
     anything else; each failing hunk is named with its file and the patch file's line, with
     the upstream change in that region (a unified diff of the old and new pristine file
     around the hunk).
 
 The old tree with the series applied (for ``depends-on-failed`` and for locating a hunk in
-the old pristine file) is only built when some patch fails. ``BumpReport.ok`` is True when
+the old pristine file; :class:`~qwen38build.lineage.Lineage`, in memory) is only built
+when some patch fails. ``BumpReport.ok`` is True when
 every patch is ``clean`` or ``offset``. Unless ``dry_run``, ``recipe.toml`` gets the new
 ``[vllm] version`` (edited with tomlkit: comments and layout stay) and ``lock/`` the new
 wheel. With ``rebase=DIR``, the workspace in DIR (made first when DIR is new) is carried
