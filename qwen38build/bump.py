@@ -155,6 +155,7 @@ class RebaseResult:
     empty: tuple[str, ...]  # topics whose change is already upstream (empty commits)
     stopped_at: str | None = None  # the topic whose cherry-pick conflicts
     conflict_files: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()  # topics not carried: retired by --retire
 
     @property
     def ok(self) -> bool:
@@ -245,6 +246,8 @@ class BumpReport:
                 )
             if r.empty:
                 out.append(f"Empty after the carry (upstream has them): {', '.join(r.empty)}.")
+            if r.skipped:
+                out.append(f"Not carried (retired): {', '.join(r.skipped)}.")
         return "\n".join(out) + "\n"
 
 
@@ -640,13 +643,15 @@ def bump(
     new_entry, new_wheel = resolve_wheel(loaded, store, new_version)
     patches = try_series(loaded, old_wheel, new_wheel, (old_version, new_version))
     report = BumpReport(old_version, new_version, new_entry, patches, dry_run)
+    reasons = {p.patch: f"{p.outcome} in {new_version}: {p.summary()}"
+               for p in patches if p.outcome in RETIRABLE} if retire and not dry_run else {}
     if rebase is not None:
-        report.rebase = rebase_workspace(loaded, store, rebase, new_version, new_wheel)
+        topics = {e.row_name: e.topic for e in loaded.series_entries()}
+        report.rebase = rebase_workspace(loaded, store, rebase, new_version, new_wheel,
+                                         skip=frozenset(topics[r] for r in reasons))
     if not dry_run:
         repin(loaded, new_entry)
-        reasons = {p.patch: f"{p.outcome} in {new_version}: {p.summary()}"
-                   for p in patches if p.outcome in RETIRABLE}
-        if retire and reasons:
+        if reasons:
             from qwen38build.retire import retire as retire_topics
 
             retire_topics(loaded, reasons, new_version)
@@ -677,7 +682,8 @@ def repin(loaded: LoadedRecipe, entry: lockmod.LockedWheel) -> None:
 
 
 def rebase_workspace(
-    loaded: LoadedRecipe, store: Store, repo: Path, new_version: str, new_wheel: Path
+    loaded: LoadedRecipe, store: Store, repo: Path, new_version: str, new_wheel: Path,
+    skip: frozenset[str] = frozenset(),
 ) -> RebaseResult:
     """Carry the workspace's topics onto the new pristine package with git cherry-pick.
 
@@ -721,12 +727,26 @@ def rebase_workspace(
     old_head = git(repo, "rev-parse", "HEAD").strip()
     git(repo, "tag", new_tag, pristine)
     git(repo, "checkout", "-q", "-B", branch, pristine)
-    # One range, so that git's sequencer carries the rest after `cherry-pick --continue`.
+    # One range (or one list), so that git's sequencer carries the rest after
+    # `cherry-pick --continue`; topics in ``skip`` (and their fixups) are left out.
+    picks = [f"{old_tag}..{old_head}"]
+    skipped: list[str] = []
+    if skip:
+        picks = []
+        for c in workspace.read_commits(repo, f"{old_tag}..{old_head}"):
+            subject = c.subject
+            for prefix in workspace.FOLD_PREFIXES:
+                subject = subject.removeprefix(prefix)
+            topic = subject.removeprefix(workspace.SUBJECT_PREFIX)
+            if topic in skip:
+                skipped.append(topic)
+            else:
+                picks.append(c.sha)
     proc = subprocess.run(
         ["git", "-c", "merge.conflictStyle=diff3", "cherry-pick", "--keep-redundant-commits",
-         "--allow-empty", f"{old_tag}..{old_head}"],
+         "--allow-empty", *picks],
         cwd=repo, capture_output=True, text=True, env=workspace.git_env(), check=False,
-    )
+    ) if picks else subprocess.CompletedProcess([], 0, "", "")
     done: list[str] = []
     empty: list[str] = []
     for c in workspace.read_commits(repo, f"{new_tag}..HEAD"):
@@ -735,12 +755,13 @@ def rebase_workspace(
         parent_tree = git(repo, "rev-parse", f"{c.parent}^{{tree}}").strip() if c.parent else ""
         if parent_tree == c.tree:
             empty.append(topic)
+    skipped_t = tuple(dict.fromkeys(skipped))
     if proc.returncode == 0:
-        return RebaseResult(str(repo), branch, tuple(done), tuple(empty))
+        return RebaseResult(str(repo), branch, tuple(done), tuple(empty), skipped=skipped_t)
     stuck = git(repo, "log", "-1", "--format=%s", "CHERRY_PICK_HEAD", check=False).strip()
     files = git(repo, "diff", "--name-only", "--diff-filter=U").split()
     return RebaseResult(
         str(repo), branch, tuple(done), tuple(empty),
         stuck.removeprefix(workspace.SUBJECT_PREFIX) or "(see git status)",
-        tuple(files) or ("(see git status)",),
+        tuple(files) or ("(see git status)",), skipped=skipped_t,
     )

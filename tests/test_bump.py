@@ -424,3 +424,26 @@ def test_cli_retire_refuses_dry_run_and_retires_otherwise(
     assert main([*common, "bump", "vllm", NEW, "--retire"]) == 0  # the one failure retired
     assert "Retired: limit" in capsys.readouterr().out
     assert recipe.load(p.root / "recipe.toml").recipe.series.retired == ["old-topic", "limit"]
+
+
+def test_rebase_with_retire_does_not_carry_the_retired_topics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upstream = sub(SERVE, "    for r in requests:\n",
+                   "    for r in requests:\n        if done >= limit:\n"
+                   "            logger.warning('stopping: the limit of %d is reached', limit)\n"
+                   "            break\n")
+    p = custom_pins(tmp_path, monkeypatch, SERVE, upstream,
+                    {"limit": (SERVE, OURS), "other": (OURS, sub(OURS, "    return None\n",
+                                                                  "    return 0\n"))})
+    ws = tmp_path / "ws"
+    # Without --retire git's 3-way merge carries it cleanly: a second copy of the check.
+    plain = bump.bump(p.loaded(), p.store, NEW, rebase=ws)
+    assert plain.rebase is not None and plain.rebase.done == ("limit", "other")
+    shutil.rmtree(ws)
+    report = bump.bump(p.loaded(), p.store, NEW, dry_run=False, rebase=ws, retire=True)
+    r = report.rebase
+    assert r is not None and r.ok, report.to_markdown()
+    assert (r.done, r.skipped) == (("other",), ("limit",))
+    assert report.retired == ("limit",) and report.ok
+    assert "Not carried (retired): limit." in report.to_markdown()
