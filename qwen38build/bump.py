@@ -15,17 +15,25 @@ applied. Each patch gets one outcome:
 ``deleted``
     a file it changes is in the old wheel but not in the new one (deleted or moved; files
     of the new wheel with the same name are named as the likely new place).
+``likely-upstreamed``
+    does not apply, but every failing hunk's change is in the new pin in other words
+    (:mod:`qwen38build.upstreamed`: its added lines in the upstream diff, or a change
+    alike in the same region); shown side by side with the similarity. A retire
+    candidate, as ``upstreamed`` is; ``--retire`` retires both.
 ``depends-on-failed``
     every hunk that fails stands, in the old pin's tree with the series applied up to
-    it, on lines that an earlier patch which fails now brought in: fixing that patch
-    comes first, and its own failure would be a false conflict.
+    it, on lines that an earlier patch which fails now brought in, and its own context
+    lines (the rest) still stand in the new tree: fixing that patch comes first, and its
+    own failure would be a false conflict. Where its own lines are gone too (upstream
+    re-indented the region, say) it is a conflict of its own.
 ``conflict``
     anything else; each failing hunk is named with its file and the patch file's line, with
     the upstream change in that region (a unified diff of the old and new pristine file
     around the hunk).
 
 The old tree with the series applied (for ``depends-on-failed`` and for locating a hunk in
-the old pristine file) is only built when some patch fails. ``BumpReport.ok`` is True when
+the old pristine file; :class:`~qwen38build.lineage.Lineage`, in memory) is only built
+when some patch fails. ``BumpReport.ok`` is True when
 every patch is ``clean`` or ``offset``. Unless ``dry_run``, ``recipe.toml`` gets the new
 ``[vllm] version`` (edited with tomlkit: comments and layout stay) and ``lock/`` the new
 wheel. With ``rebase=DIR``, the workspace in DIR (made first when DIR is new) is carried
@@ -38,7 +46,6 @@ Where the new wheel comes from, in order: a fetch entry of the store for that ex
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
@@ -51,17 +58,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 from qwen38build import lock as lockmod
-from qwen38build import workspace
+from qwen38build import upstreamed, workspace
 from qwen38build.digest import sha256_file
 from qwen38build.errors import InputError, LockError
-from qwen38build.gnupatch import run_patch
+from qwen38build.gnupatch import run_patch, scratch_parent
+from qwen38build.lineage import Lineage
 from qwen38build.patchfile import FileDiff, Hunk, PatchFile
 from qwen38build.recipe import LoadedRecipe, SeriesEntry
 from qwen38build.store import Store
 
-Outcome = Literal["clean", "offset", "conflict", "upstreamed", "deleted", "depends-on-failed"]
+Outcome = Literal["clean", "offset", "conflict", "upstreamed", "likely-upstreamed", "deleted",
+                  "depends-on-failed"]
 APPLIED: frozenset[str] = frozenset({"clean", "offset"})
-FAILED: frozenset[str] = frozenset({"conflict", "deleted", "depends-on-failed"})
+FAILED: frozenset[str] = frozenset({"conflict", "deleted", "depends-on-failed",
+                                    "likely-upstreamed"})
+RETIRABLE: frozenset[str] = frozenset({"upstreamed", "likely-upstreamed"})
 PACKAGE = "vllm"
 
 _CHUNK_RE = re.compile(r"^(?:patching|checking) file '?(?P<path>.+?)'?$")
@@ -93,6 +104,9 @@ class HunkFailure:
     note: str
     upstream_diff: str = ""  # old → new pristine, around the hunk
     depends_on: tuple[str, ...] = ()  # earlier failed patches whose lines it stands on
+    evidence: str = ""  # why it looks upstreamed in other words (empty: it does not)
+    similarity: float | None = None  # difflib ratio of its change to upstream's
+    side_by_side: str = ""  # ours | upstream, where there is evidence
 
 
 @dataclass(frozen=True)
@@ -113,6 +127,11 @@ class PatchReport:
             return ", ".join(f"{o.file} #{o.hunk} {o.offset:+d}" for o in self.offsets)
         if self.outcome == "upstreamed":
             return "reverse-applies to the new tree: retire candidate"
+        if self.outcome == "likely-upstreamed":
+            return "; ".join(
+                f"{h.file} #{h.hunk}: {h.evidence} (similarity {h.similarity:.2f})"
+                for h in self.failures
+            ) + ": retire candidate"
         if self.outcome == "deleted":
             parts = []
             for f in self.deleted:
@@ -136,6 +155,7 @@ class RebaseResult:
     empty: tuple[str, ...]  # topics whose change is already upstream (empty commits)
     stopped_at: str | None = None  # the topic whose cherry-pick conflicts
     conflict_files: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()  # topics not carried: retired by --retire
 
     @property
     def ok(self) -> bool:
@@ -151,11 +171,12 @@ class BumpReport:
     dry_run: bool
     seconds: float = 0.0
     rebase: RebaseResult | None = None
+    retired: tuple[str, ...] = ()  # rows moved to series.retired by --retire
 
     @property
     def ok(self) -> bool:
-        """True when every patch applies (clean or with offsets)."""
-        return all(p.outcome in APPLIED for p in self.patches)
+        """True when every patch applies (clean or with offsets) or was retired."""
+        return all(p.outcome in APPLIED or p.patch in self.retired for p in self.patches)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -166,6 +187,7 @@ class BumpReport:
             "seconds": round(self.seconds, 3),
             "wheel": asdict(self.wheel),
             "patches": [asdict(p) for p in self.patches],
+            "retired": list(self.retired),
             "rebase": None if self.rebase is None else {
                 **asdict(self.rebase), "ok": self.rebase.ok,
             },
@@ -187,14 +209,30 @@ class BumpReport:
             detail = p.summary().replace("|", "\\|")
             out.append(f"| {i} | {p.patch} | {p.outcome} | {detail} |")
         for p in self.patches:
-            shown = [h for h in p.failures if p.outcome in ("conflict", "depends-on-failed")]
+            shown = [h for h in p.failures
+                     if p.outcome in ("conflict", "depends-on-failed", "likely-upstreamed")]
             if not shown:
                 continue
             out += ["", f"### {p.patch} ({p.outcome})"]
             for h in shown:
                 out += ["", f"- {h.file} hunk #{h.hunk} ({p.file}:{h.patch_line}): {h.note}"]
-                if h.upstream_diff:
+                if h.similarity is not None and not h.side_by_side:
+                    out[-1] += (f" (similarity to upstream's change {h.similarity:.2f}, "
+                                f"below {upstreamed.THRESHOLD})")
+                if h.side_by_side:
+                    out += ["", f"similarity {h.similarity:.2f} (threshold "
+                            f"{upstreamed.THRESHOLD}):", "", "```", h.side_by_side, "```"]
+                elif h.upstream_diff:
                     out += ["", "```diff", h.upstream_diff.rstrip("\n"), "```"]
+        retire = [p.patch for p in self.patches if p.outcome in RETIRABLE]
+        if self.retired:
+            out += ["", f"Retired: {', '.join(self.retired)} (series.retired, files deleted, "
+                    "prose in PATCHES.md)."]
+        elif retire:
+            out += ["", f"Retire candidates: {', '.join(retire)}. `qwen38build bump vllm "
+                    f"{self.new_version} --retire` (with `--rebase DIR` to carry the "
+                    "workspace) moves them to series.retired, deletes their files and keeps "
+                    "their prose in PATCHES.md's retired section."]
         if self.rebase is not None:
             r = self.rebase
             out.append("")
@@ -208,6 +246,8 @@ class BumpReport:
                 )
             if r.empty:
                 out.append(f"Empty after the carry (upstream has them): {', '.join(r.empty)}.")
+            if r.skipped:
+                out.append(f"Not carried (retired): {', '.join(r.skipped)}.")
         return "\n".join(out) + "\n"
 
 
@@ -339,63 +379,6 @@ def _gnu_by_file(output: str) -> dict[str, _GnuFile]:
     return out
 
 
-class _OldChain:
-    """The old pin's touched files with the series applied up to a patch, line by line.
-
-    Each line carries its origin: the index of the patch that brought it in (None for the
-    pristine file) and its line in the old pristine file (None for added lines).
-    """
-
-    def __init__(self, root: Path, old: dict[str, bytes | None],
-                 patches: list[PatchFile]) -> None:
-        self.root = root
-        self.patches = patches
-        self.next = 0
-        _write_tree(root, old)
-        self.text = {rel: _lines(data) for rel, data in old.items()}
-        self.origin: dict[str, list[tuple[int | None, int | None]]] = {
-            rel: [(None, i + 1) for i in range(len(lines))] if old[rel] is not None else []
-            for rel, lines in self.text.items()
-        }
-        self.broken: list[int] = []  # patches that do not apply even on the old pin
-
-    def advance_to(self, k: int) -> None:
-        """Apply patches up to (not including) ``k``."""
-        while self.next < k:
-            j = self.next
-            self.next += 1
-            pf = self.patches[j]
-            if not run_patch(pf.path, self.root).ok:
-                self.broken.append(j)
-            for rel in pf.touched_paths:
-                new = _lines(_read(self.root / rel))
-                self.origin[rel] = _carry(self.text.get(rel, []), new,
-                                          self.origin.get(rel, []), j)
-                self.text[rel] = new
-
-
-def _carry(
-    a: list[str], b: list[str], origin: list[tuple[int | None, int | None]], j: int
-) -> list[tuple[int | None, int | None]]:
-    if a == b:
-        return origin
-    pre = 0
-    while pre < min(len(a), len(b)) and a[pre] == b[pre]:
-        pre += 1
-    suf = 0
-    while suf < min(len(a), len(b)) - pre and a[-1 - suf] == b[-1 - suf]:
-        suf += 1
-    out = origin[:pre]
-    sm = difflib.SequenceMatcher(None, a[pre:len(a) - suf], b[pre:len(b) - suf], autojunk=False)
-    for tag, i1, i2, j1, j2 in sm.get_opcodes():
-        if tag == "equal":
-            out += origin[pre + i1:pre + i2]
-        else:
-            out += [(j, None)] * (j2 - j1)
-    out += origin[len(a) - suf:]
-    return out
-
-
 def _diff_hunks(old: Path, new: Path) -> list[tuple[int, int, list[str]]]:
     """The hunks of ``diff -U3 old new``: (old start, old count, lines with the @@ line).
 
@@ -445,13 +428,13 @@ class _Trial:
         self.old_names, self.new_names = old_names, new_names
         self.versions = versions
         self.root = root
-        self._chain: _OldChain | None = None
+        self._chain: Lineage | None = None
         self._upstream: dict[str, list[tuple[int, int, list[str]]]] = {}
         self.outcomes: list[Outcome] = []
 
-    def chain(self, k: int) -> _OldChain:
+    def chain(self, k: int) -> Lineage:
         if self._chain is None:
-            self._chain = _OldChain(self.tmp / "old", self.old, self.patches)
+            self._chain = Lineage(self.tmp / "old", self.old, self.patches)
         self._chain.advance_to(k)
         return self._chain
 
@@ -496,6 +479,8 @@ class _Trial:
             return PatchReport(name, file, "upstreamed")
         failures = self._failures(k, pf, _gnu_by_file(result.output))
         depends = tuple(dict.fromkeys(d for h in failures for d in h.depends_on))
+        if failures and all(h.evidence for h in failures):
+            return PatchReport(name, file, "likely-upstreamed", failures=failures)
         if failures and all(h.depends_on for h in failures):
             return PatchReport(name, file, "depends-on-failed", failures=failures,
                                depends_on=depends)
@@ -557,15 +542,22 @@ class _Trial:
         origin = chain.origin.get(rel, [])
         lo = hi = 0
         depends: list[str] = []
+        own_gone = False
         if hunk is not None:
             at = _find(text, hunk.old_lines, hunk.old_start)
             span = origin[at:at + len(hunk.old_lines)] if at is not None else []
             if at is None and hunk.old_lines:
                 note += "; its context is not in the old pin's tree either"
-            for src, _ in span:
-                if src is not None and self.outcomes[src] in FAILED:
-                    depends.append(self.entries[src].row_name)
-            olds = [ln for _, ln in span if ln is not None]
+            failed = [o.patch is not None and self.outcomes[o.patch] in FAILED for o in span]
+            depends = [self.entries[o.patch].row_name for o, f in zip(span, failed, strict=True)
+                       if f and o.patch is not None]
+            if depends:
+                # depends-on-failed only when the hunk's own context (the lines no failed
+                # patch brought in) still stands in the new tree.
+                have = _lines(_read(self.work / fd.path))
+                own_gone = any(_find(have, run, hunk.old_start) is None
+                               for run in _runs(hunk.old_lines, failed))
+            olds = [o.line for o in span if o.patch is None]
             if olds:
                 lo, hi = min(olds), max(olds)
             else:
@@ -573,16 +565,43 @@ class _Trial:
         if not hunk and fd.old_path is None:
             lo, hi = 1, len(_lines(self.new.get(rel)))
         upstream = ""
+        uhunks: list[tuple[int, int, list[str]]] = []
         if lo and (self.old.get(rel) is not None or self.new.get(rel) is not None):
-            upstream = _upstream_diff(rel, self.upstream_hunks(rel), lo, hi, self.versions)
-        if depends:
-            note += "; its context came from " + ", ".join(dict.fromkeys(depends))
+            uhunks = self.upstream_hunks(rel)
+            upstream = _upstream_diff(rel, uhunks, lo, hi, self.versions)
+        found = upstreamed.evidence(hunk, uhunks, lo, hi) if hunk is not None else None
+        names = ", ".join(dict.fromkeys(depends))
+        if depends and own_gone:
+            note += (f"; part of its context came from {names}, but its own context lines "
+                     "are gone from the new pin: a conflict of its own, re-cutting "
+                     f"{names} will not fix it")
+            depends = []
+        elif depends:
+            note += f"; its context came from {names}"
         elif hunk is not None and not upstream and self.old.get(rel) is not None:
             note += "; upstream did not change these lines"
+        likely = found is not None and found.likely
+        if found is not None and found.likely:
+            note += f"; likely upstreamed: {found.note}"
         return HunkFailure(
             file=fd.path, hunk=i + 1, patch_line=hunk.patch_line if hunk else fd.patch_line,
             note=note, upstream_diff=upstream, depends_on=tuple(dict.fromkeys(depends)),
+            evidence=found.note if found and likely else "",
+            similarity=round(found.similarity, 3) if found and uhunks else None,
+            side_by_side=found.side_by_side if found and likely else "",
         )
+
+
+def _runs(lines: list[str], skip: list[bool]) -> list[list[str]]:
+    """The maximal runs of ``lines`` whose ``skip`` flag is False."""
+    runs: list[list[str]] = [[]]
+    for line, s in zip(lines, skip, strict=True):
+        if s:
+            if runs[-1]:
+                runs.append([])
+        else:
+            runs[-1].append(line)
+    return [r for r in runs if r]
 
 
 def try_series(
@@ -596,7 +615,7 @@ def try_series(
         touched.update(pf.touched_paths)
     old, old_names = _read_members(old_wheel, touched)
     new, new_names = _read_members(new_wheel, touched)
-    with tempfile.TemporaryDirectory(prefix="q38-bump.") as tmp:
+    with tempfile.TemporaryDirectory(prefix="q38-bump.", dir=scratch_parent()) as tmp:
         trial = _Trial(Path(tmp), entries, patches, old, new, old_names, new_names, versions,
                        loaded.root)
         return trial.run()
@@ -607,9 +626,11 @@ def try_series(
 
 def bump(
     loaded: LoadedRecipe, store: Store, new_version: str, dry_run: bool = True,
-    rebase: Path | None = None,
+    rebase: Path | None = None, retire: bool = False,
 ) -> BumpReport:
-    """Try the series on vllm ``new_version``; unless ``dry_run``, re-pin recipe and lock."""
+    """Try the series on vllm ``new_version``; unless ``dry_run``, re-pin recipe and lock,
+    and with ``retire`` retire every upstreamed and likely-upstreamed patch
+    (:mod:`qwen38build.retire`)."""
     from packaging.version import InvalidVersion, Version
 
     t0 = time.perf_counter()
@@ -622,10 +643,19 @@ def bump(
     new_entry, new_wheel = resolve_wheel(loaded, store, new_version)
     patches = try_series(loaded, old_wheel, new_wheel, (old_version, new_version))
     report = BumpReport(old_version, new_version, new_entry, patches, dry_run)
+    reasons = {p.patch: f"{p.outcome} in {new_version}: {p.summary()}"
+               for p in patches if p.outcome in RETIRABLE} if retire and not dry_run else {}
     if rebase is not None:
-        report.rebase = rebase_workspace(loaded, store, rebase, new_version, new_wheel)
+        topics = {e.row_name: e.topic for e in loaded.series_entries()}
+        report.rebase = rebase_workspace(loaded, store, rebase, new_version, new_wheel,
+                                         skip=frozenset(topics[r] for r in reasons))
     if not dry_run:
         repin(loaded, new_entry)
+        if reasons:
+            from qwen38build.retire import retire as retire_topics
+
+            retire_topics(loaded, reasons, new_version)
+            report.retired = tuple(reasons)
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -652,7 +682,8 @@ def repin(loaded: LoadedRecipe, entry: lockmod.LockedWheel) -> None:
 
 
 def rebase_workspace(
-    loaded: LoadedRecipe, store: Store, repo: Path, new_version: str, new_wheel: Path
+    loaded: LoadedRecipe, store: Store, repo: Path, new_version: str, new_wheel: Path,
+    skip: frozenset[str] = frozenset(),
 ) -> RebaseResult:
     """Carry the workspace's topics onto the new pristine package with git cherry-pick.
 
@@ -696,12 +727,26 @@ def rebase_workspace(
     old_head = git(repo, "rev-parse", "HEAD").strip()
     git(repo, "tag", new_tag, pristine)
     git(repo, "checkout", "-q", "-B", branch, pristine)
-    # One range, so that git's sequencer carries the rest after `cherry-pick --continue`.
+    # One range (or one list), so that git's sequencer carries the rest after
+    # `cherry-pick --continue`; topics in ``skip`` (and their fixups) are left out.
+    picks = [f"{old_tag}..{old_head}"]
+    skipped: list[str] = []
+    if skip:
+        picks = []
+        for c in workspace.read_commits(repo, f"{old_tag}..{old_head}"):
+            subject = c.subject
+            for prefix in workspace.FOLD_PREFIXES:
+                subject = subject.removeprefix(prefix)
+            topic = subject.removeprefix(workspace.SUBJECT_PREFIX)
+            if topic in skip:
+                skipped.append(topic)
+            else:
+                picks.append(c.sha)
     proc = subprocess.run(
         ["git", "-c", "merge.conflictStyle=diff3", "cherry-pick", "--keep-redundant-commits",
-         "--allow-empty", f"{old_tag}..{old_head}"],
+         "--allow-empty", *picks],
         cwd=repo, capture_output=True, text=True, env=workspace.git_env(), check=False,
-    )
+    ) if picks else subprocess.CompletedProcess([], 0, "", "")
     done: list[str] = []
     empty: list[str] = []
     for c in workspace.read_commits(repo, f"{new_tag}..HEAD"):
@@ -710,12 +755,13 @@ def rebase_workspace(
         parent_tree = git(repo, "rev-parse", f"{c.parent}^{{tree}}").strip() if c.parent else ""
         if parent_tree == c.tree:
             empty.append(topic)
+    skipped_t = tuple(dict.fromkeys(skipped))
     if proc.returncode == 0:
-        return RebaseResult(str(repo), branch, tuple(done), tuple(empty))
+        return RebaseResult(str(repo), branch, tuple(done), tuple(empty), skipped=skipped_t)
     stuck = git(repo, "log", "-1", "--format=%s", "CHERRY_PICK_HEAD", check=False).strip()
     files = git(repo, "diff", "--name-only", "--diff-filter=U").split()
     return RebaseResult(
         str(repo), branch, tuple(done), tuple(empty),
         stuck.removeprefix(workspace.SUBJECT_PREFIX) or "(see git status)",
-        tuple(files) or ("(see git status)",),
+        tuple(files) or ("(see git status)",), skipped=skipped_t,
     )

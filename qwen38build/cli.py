@@ -322,8 +322,10 @@ def cmd_bump(args: argparse.Namespace) -> int:
 
     if args.package != "vllm":
         raise UsageError(f"cannot bump {args.package!r}; only vllm is pinned by version.")
+    if args.retire and args.dry_run:
+        raise UsageError("--retire changes the recipe; it cannot go with --dry-run.")
     report = bump(load_recipe(args), open_store(args), args.version, dry_run=args.dry_run,
-                  rebase=Path(args.rebase) if args.rebase else None)
+                  rebase=Path(args.rebase) if args.rebase else None, retire=args.retire)
     emit(args, report.to_json(), report.to_markdown())
     ok = report.ok and (report.rebase is None or report.rebase.ok)
     return ExitCode.OK if ok else ExitCode.FAILED
@@ -528,6 +530,8 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
     bp.add_argument("version", help="the new version, e.g. 0.33.0")
     bp.add_argument("--dry-run", action="store_true", help="report only; leave recipe and lock")
     bp.add_argument("--rebase", metavar="DIR", help="carry the workspace onto the new pin")
+    bp.add_argument("--retire", action="store_true", help="retire the (likely) upstreamed "
+                    "patches: series.retired, files deleted, prose kept in PATCHES.md")
     k = add("kernels", cmd_kernels, "compile pthfa per CUDA arch and pack its wheel",
             json_flag=True)
     k.add_argument("--arch", action="append", help="only this arch (repeatable; e.g. 9.0)")

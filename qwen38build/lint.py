@@ -13,12 +13,16 @@ The rules, as ``Finding.rule``:
   topic the file is named after.
 - ``series``: every file of a group folder is in the series, every entry has its file, no
   entry twice, no retired topic listed or present as a file.
-- ``env-knobs``: an added line that reads a knob (``os.environ[...]``, ``os.environ.get``,
-  ``os.getenv``, ``envs.NAME``, ``envs.is_set("NAME")``) needs ``NAME`` registered in
+- ``env-knobs``: every environment read a patch adds (found in code by
+  :mod:`qwen38build.knobs`, in any form or alias) needs its variable registered in
   ``envs.py`` by a hunk of the same patch, or by the registry patch for local knobs
-  (:data:`KNOB_REGISTRY`), or by pristine vLLM. Registration is what puts a knob in the
-  torch.compile cache key.
-- ``diff-hygiene``: paths leaving the package, binary diffs, whitespace errors of the kinds
+  (:data:`KNOB_REGISTRY`), or by pristine vLLM, whatever its name; other programs'
+  variables are listed in the recipe's ``[lint] env_allow``. Registration is what puts a
+  knob in the torch.compile cache key.
+- ``diff-hygiene``: paths leaving the package, binary diffs, ``diff --git`` names that
+  disagree with ``---``/``+++``, ``index`` lines naming another pre-image than the file
+  the earlier patches leave (with the pristine wheel; :mod:`~qwen38build.diffheaders`),
+  whitespace errors of the kinds
   ``git apply --whitespace=error`` reports (trailing whitespace, space before tab in the
   indent, blank lines added at the end of a file), hunk counts that do not match the lines,
   CRLF added to a file that has LF.
@@ -32,6 +36,7 @@ import ast
 import fnmatch
 import hashlib
 import re
+import tempfile
 import tomllib
 import zipfile
 from collections.abc import Iterable, Iterator
@@ -40,6 +45,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from qwen38build import diffheaders, knobs, lineage
 from qwen38build import recipe as recipe_mod
 from qwen38build.errors import PatchFileError, RecipeError
 from qwen38build.patchfile import KINDS, REQUIRED_HEADERS, FileDiff, Hunk, PatchFile
@@ -49,21 +55,10 @@ from qwen38build.wheelzip import open_wheel
 RULES = ("headers", "series", "env-knobs", "diff-hygiene", "provenance")
 # The patch that registers this stack's local knobs in envs.py (the ledger's registry).
 KNOB_REGISTRY = "speed-knobs-envs"
-# Read through os.environ, a name is a knob of this stack when it has one of these prefixes
-# (or when some envs.py registers it); OPENAI_API_KEY, HOME and the like belong to others.
-KNOB_PREFIXES = ("VLLM_", "KVARN_")
 ENVS_PY = "envs.py"
 _HEX_RE = re.compile(r"[0-9a-fA-F]{7,40}")
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _REGISTER_RE = re.compile(rf"""^\s*(["'])(?P<name>{_NAME})\1\s*:""")
-_READ_RES = (
-    ("os.environ[...]", re.compile(rf"""\bos\.environ\[\s*(["'])(?P<name>{_NAME})\1\s*\]""")),
-    ("os.environ.get", re.compile(rf"""\bos\.environ\.get\(\s*(["'])(?P<name>{_NAME})\1""")),
-    ("os.getenv", re.compile(rf"""\bos\.getenv\(\s*(["'])(?P<name>{_NAME})\1""")),
-    ("envs.is_set", re.compile(rf"""\benvs\.is_set\(\s*(["'])(?P<name>{_NAME})\1""")),
-    ("envs.NAME", re.compile(r"\benvs\.(?P<name>[A-Z][A-Z0-9_]*)\b")),
-)
-_ASSIGNMENT_RE = re.compile(r"\s*(?:=(?!=)|\+=)")
 _MANIFEST_RE = re.compile(r"^(?P<sha>[0-9a-f]{64})  (?P<path>\S.*)$")
 _PIN_FILES = ("PIN", "MANIFEST")
 # Byte code, and measured evidence (results/): neither is vendored source.
@@ -119,13 +114,26 @@ def check(
             continue
         patches.append((entry, pf))
     registered = {pf.topic: registered_knobs(pf) for _, pf in patches}
-    for entry, pf in patches:
-        per_patch = [
-            *_headers(ctx, entry, pf),
-            *_env_knobs(ctx, pf, registered, knob_registry, pristine_knobs),
-            *_hygiene(ctx, pf),
-        ]
-        findings.extend(sorted(per_patch, key=lambda f: f.line))
+    wheel = pristine_envs if pristine_envs is not None and pristine_envs.suffix == ".whl" \
+        else None
+    with tempfile.TemporaryDirectory(prefix="q38-lint.") as tmp:
+        # The touched files patched through the series: what the knob rule parses, and the
+        # file each index line must name.
+        tree = None if wheel is None else lineage.from_wheel(
+            Path(tmp), wheel, [pf for _, pf in patches]
+        )
+        reads = knobs.series_reads([pf for _, pf in patches], tree)
+        for k, (entry, pf) in enumerate(patches):
+            own_reads = [r for r in reads if r.patch == k]
+            # A patch that does not apply is the build's to report (GNU patch names the
+            # hunk); its index line would only repeat that less precisely.
+            before = None if tree is None or k in tree.failed else tree.before.get(k)
+            per_patch = [
+                *_headers(ctx, entry, pf),
+                *_env_knobs(ctx, pf, own_reads, registered, knob_registry, pristine_knobs),
+                *_hygiene(ctx, pf, before),
+            ]
+            findings.extend(sorted(per_patch, key=lambda f: f.line))
     findings.extend(_provenance(ctx))
     return findings
 
@@ -350,21 +358,6 @@ def registered_knobs(pf: PatchFile) -> set[str]:
     return names
 
 
-def knob_reads(text: str) -> list[tuple[str, str]]:
-    """``(name, form)`` for every knob an added line reads; writes to os.environ are not."""
-    if text.lstrip().startswith("#"):
-        return []
-    found: dict[str, str] = {}
-    for form, pattern in _READ_RES:
-        for m in pattern.finditer(text):
-            if form == "os.environ[...]" and (
-                _ASSIGNMENT_RE.match(text, m.end()) or text[: m.start()].rstrip().endswith("del")
-            ):
-                continue
-            found.setdefault(m.group("name"), form)
-    return list(found.items())
-
-
 def read_pristine_knobs(source: Path) -> frozenset[str]:
     """The knobs vLLM's own ``envs.py`` registers; ``source`` is the wheel or the envs.py."""
     try:
@@ -409,54 +402,66 @@ def _envs_keys(text: str) -> set[str]:
 def _env_knobs(
     ctx: _Context,
     pf: PatchFile,
+    reads: list[knobs.KnobRead],
     registered: dict[str, set[str]],
     registry: str,
     pristine: frozenset[str] | None,
 ) -> Iterator[Finding]:
     own = registered.get(pf.topic, set())
     from_registry = registered.get(registry, set())
-    anywhere = set().union(*registered.values()) if registered else set()
-    known = own | from_registry | (pristine or frozenset())
-    for fd in pf.files:
-        for hunk in fd.hunks:
-            for line, text in hunk.added():
-                for name, form in knob_reads(text):
-                    if name in known:
-                        continue
-                    if form.startswith("os.") and not (
-                        name.startswith(KNOB_PREFIXES) or name in anywhere
-                    ):
-                        continue  # another program's variable, not a knob of this stack
-                    others = sorted(t for t, names in registered.items() if name in names)
-                    elsewhere = (
-                        f" {', '.join(others)} registers it, but a patch may rely only on its "
-                        f"own hunks or on {registry}."
-                        if others else ""
-                    )
-                    unread = (
-                        " Pristine envs.py was not read (no wheel given), so a knob vLLM "
-                        "itself registers is reported too."
-                        if pristine is None else ""
-                    )
-                    yield ctx.finding(
-                        pf.path, line, "env-knobs",
-                        f"{pf.topic} reads env knob {name} ({form}) in {fd.path}, but no "
-                        f"envs.py hunk of {pf.topic} or {registry} registers it.{elsewhere}"
-                        f"{unread}",
-                        f"register {name} in envs.py's environment_variables in a hunk of "
-                        f"{pf.topic} (or in {registry} for a local knob) and read it through "
-                        "vllm.envs, so it is in the torch.compile cache key",
-                    )
+    known = own | from_registry | (pristine or frozenset()) | set(ctx.recipe.lint.env_allow)
+    for r in reads:
+        if r.name in known:
+            continue
+        others = sorted(t for t, names in registered.items() if r.name in names)
+        elsewhere = (
+            f" {', '.join(others)} registers it, but a patch may rely only on its "
+            f"own hunks or on {registry}."
+            if others else ""
+        )
+        unread = (
+            " Pristine envs.py was not read (no wheel given), so a knob vLLM "
+            "itself registers is reported too."
+            if pristine is None else ""
+        )
+        yield ctx.finding(
+            pf.path, r.patch_line, "env-knobs",
+            f"{pf.topic} reads env knob {r.name} ({r.form}) in {r.file}, but no "
+            f"envs.py hunk of {pf.topic} or {registry} registers it.{elsewhere}{unread}",
+            f"register {r.name} in envs.py's environment_variables in a hunk of "
+            f"{pf.topic} (or in {registry} for a local knob) and read it through "
+            "vllm.envs, so it is in the torch.compile cache key; if it is another "
+            "program's variable, list it in recipe.toml's [lint] env_allow",
+        )
 
 
 # -- diff hygiene ------------------------------------------------------------------------
 
 
-def _hygiene(ctx: _Context, pf: PatchFile) -> Iterator[Finding]:
+def _hygiene(
+    ctx: _Context, pf: PatchFile, before: dict[str, bytes | None] | None
+) -> Iterator[Finding]:
+    """``before``: the touched files as the earlier patches left them, where known."""
     for problem in pf.problems:
         if problem.rule == "diff-hygiene":
             yield ctx.finding(pf.path, problem.line, "diff-hygiene", problem.message,
                               problem.hint)
+    try:
+        text_lines = pf.path.read_bytes().decode("utf-8").split("\n")
+    except (OSError, UnicodeDecodeError):
+        text_lines = []
+    for fd, h in diffheaders.headers(pf, text_lines):
+        if why := diffheaders.name_mismatch(h):
+            yield ctx.finding(pf.path, h.git_line, "diff-hygiene", f"{why}.", _EXPORT_HINT)
+        pre = fd.old_path or fd.path
+        if before is not None and pre in before and (
+            why := diffheaders.index_mismatch(h, before[pre] if fd.old_path else None)
+        ):
+            yield ctx.finding(
+                pf.path, h.index_line, "diff-hygiene", f"{fd.path}: {why}.",
+                "re-cut the topic on the pinned tree with the series before it "
+                "(qwen38build workspace) and re-export",
+            )
     for fd in pf.files:
         if fd.binary:
             yield ctx.finding(

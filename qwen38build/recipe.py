@@ -145,6 +145,15 @@ class Toolchain(_Model):
     cuda: CudaSeries
 
 
+class Lint(_Model):
+    """The lint's configuration: ``env_allow`` names other programs' environment variables
+    a patch may read without registering them in envs.py (short and explicit, no prefixes)."""
+
+    env_allow: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = Field(
+        default_factory=list
+    )
+
+
 class Recipe(_Model):
     """The validated content of recipe.toml."""
 
@@ -154,6 +163,7 @@ class Recipe(_Model):
     pthfa: Pthfa
     cuda: Cuda
     toolchain: Toolchain
+    lint: Lint = Field(default_factory=Lint)
 
 
 @dataclass(frozen=True)

@@ -244,3 +244,206 @@ def test_real_bump_to_0_33_0_agrees_with_gnu_patch(
             assert set(got.depends_on) <= failed
     print(report.to_markdown())
     shutil.rmtree(tree)
+
+
+# -- upstreamed in other words, and whose context it is ----------------------------------
+
+SERVE = """\
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+def serve(requests, limit):
+    done = 0
+    for r in requests:
+        r.run()
+        done += 1
+    return done
+
+
+def stop():
+    return None
+"""
+
+
+def custom_pins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str,
+                patches: dict[str, tuple[str, str]]) -> Project:
+    """Pins whose serve.py is ``old`` and ``new``; each patch (old text, new text) of it."""
+    wheels = tmp_path / "wheels"
+    wheel = make_wheel(wheels, PIN, {"__init__.py": "", "serve.py": old})
+    make_wheel(wheels, NEW, {"__init__.py": "", "serve.py": new})
+    p = make_project(tmp_path, wheel, list(patches))
+    monkeypatch.setenv("QWEN38BUILD_SOURCES", str(wheels))
+    for topic, (before, after) in patches.items():
+        p.patch("patches", topic, [("serve.py", before, after)])
+    return p
+
+
+OURS = sub(SERVE, "        done += 1\n",
+           "        done += 1\n        if done >= limit:\n"
+           "            logger.warning(\"request limit %d reached, stopping\", limit)\n"
+           "            break\n")
+
+
+@pytest.mark.parametrize("upstream, how", [
+    # the same check, the variable and the message in other words
+    (sub(SERVE, "        done += 1\n",
+         "        done += 1\n        if done >= cap:\n"
+         "            logger.warning(\"request cap %d reached, stopping\", cap)\n"
+         "            break\n").replace("def serve(requests, limit):", "def serve(requests, cap):"),
+     "similarity"),
+    # the same lines, only the message reworded, and moved into the loop's head
+    (sub(SERVE, "    for r in requests:\n",
+         "    for r in requests:\n        if done >= limit:\n"
+         "            logger.warning('stopping: the limit of %d requests is reached', limit)\n"
+         "            break\n"),
+     "other strings"),
+])
+def test_change_made_upstream_in_other_words_is_likely_upstreamed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, upstream: str, how: str
+) -> None:
+    p = custom_pins(tmp_path, monkeypatch, SERVE, upstream, {"limit": (SERVE, OURS)})
+    report = bump.bump(p.loaded(), p.store, NEW)
+    (got,) = report.patches
+    assert got.outcome == "likely-upstreamed", got
+    (h,) = got.failures
+    assert h.similarity is not None
+    if how == "similarity":
+        assert h.similarity >= 0.75 and "similarity" in h.evidence
+    else:
+        assert h.evidence == ("its added lines are all in the upstream diff, with other strings "
+                              "('request limit %d reached, stopping')")
+    assert h.side_by_side.splitlines()[0].startswith("ours ")
+    md = report.to_markdown()
+    assert "| 1 | limit | likely-upstreamed |" in md
+    assert f"similarity {h.similarity:.2f} (threshold 0.75)" in md
+    assert "Retire candidates: limit." in md
+
+
+def test_a_different_change_to_the_same_lines_stays_a_conflict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upstream = sub(SERVE, "        done += 1\n", "        done += r.weight\n")
+    p = custom_pins(tmp_path, monkeypatch, SERVE, upstream, {"limit": (SERVE, OURS)})
+    (got,) = bump.bump(p.loaded(), p.store, NEW).patches
+    assert got.outcome == "conflict"
+    (h,) = got.failures
+    assert h.evidence == "" and h.similarity is not None and h.similarity < 0.75
+
+
+def test_reindented_region_is_a_conflict_of_its_own_not_depends_on_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """base adds a line that on-base's hunk stands on; upstream re-indents the whole loop,
+    so on-base's own context is gone too: re-cutting base alone would not fix it."""
+    base = sub(SERVE, "        r.run()\n", "        r.prepare()\n        r.run()\n")
+    on_base = sub(base, "        done += 1\n", "        done += 2\n")
+    upstream = sub(SERVE, "    for r in requests:\n        r.run()\n        done += 1\n",
+                   "    with logging_context():\n        for r in requests:\n"
+                   "            r.run()\n            done += 1\n")
+    p = custom_pins(tmp_path, monkeypatch, SERVE, upstream,
+                    {"base": (SERVE, base), "on-base": (base, on_base)})
+    got = by_patch(bump.bump(p.loaded(), p.store, NEW))
+    assert got["base"].outcome == "conflict"
+    assert got["on-base"].outcome == "conflict"
+    (h,) = got["on-base"].failures
+    assert h.depends_on == ()
+    assert "its own context lines are gone from the new pin" in h.note
+    assert "+            done += 1" in h.upstream_diff
+
+
+def test_context_missing_only_by_the_earlier_patch_is_depends_on_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = sub(SERVE, "        r.run()\n", "        r.prepare()\n        r.run()\n")
+    on_base = sub(base, "        done += 1\n", "        done += 2\n")
+    upstream = sub(SERVE, "    done = 0\n", "    done = 0  # counted\n")  # base's context only
+    p = custom_pins(tmp_path, monkeypatch, SERVE, upstream,
+                    {"base": (SERVE, base), "on-base": (base, on_base)})
+    got = by_patch(bump.bump(p.loaded(), p.store, NEW))
+    assert got["base"].outcome == "conflict"
+    assert got["on-base"].outcome == "depends-on-failed"
+    assert got["on-base"].depends_on == ("base",)
+
+
+def test_retire_moves_the_topic_to_retired_and_keeps_its_prose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qwen38build import lint, table
+
+    upstream = sub(SERVE, "    for r in requests:\n",
+                   "    for r in requests:\n        if done >= limit:\n"
+                   "            logger.warning('stopping: the limit of %d is reached', limit)\n"
+                   "            break\n")
+    p = custom_pins(tmp_path, monkeypatch, SERVE, upstream,
+                    {"limit": (SERVE, OURS), "other": (SERVE, sub(SERVE, "    return None\n",
+                                                                   "    return 0\n"))})
+    md = p.root / "PATCHES.md"
+    md.write_text("# Ledger\n\n<!-- table:begin -->\n<!-- table:end -->\n\nRetired earlier: x.\n")
+    table.write(p.loaded(), md)
+    assert "| limit |" in md.read_text()
+    report = bump.bump(p.loaded(), p.store, NEW, dry_run=False, retire=True)
+    assert report.retired == ("limit",)
+    loaded = recipe.load(p.root / "recipe.toml")
+    assert loaded.recipe.series.retired == ["old-topic", "limit"]
+    assert [e.row_name for e in loaded.series_entries()] == ["other"]
+    assert not (p.root / "patches" / "limit.patch").exists()
+    text = md.read_text()
+    assert "| limit |" not in text and "| other |" in text
+    sim = report.patches[0].failures[0].similarity
+    assert text.endswith(
+        f"Retired earlier: x.\n\nRetired at {NEW} and removed from the tree: `limit` "
+        f"(likely-upstreamed in {NEW}: serve.py #1: its added lines are all in the upstream "
+        f"diff, with other strings ('request limit %d reached, stopping') (similarity "
+        f"{sim:.2f}): retire candidate). It did: limit does a thing. Why limit is right: a "
+        "paragraph of prose. # a line that starts like a comment stays in the body\n"
+    )
+    assert [f for f in lint.check(lint.load_for_lint(p.root / "recipe.toml"))
+            if f.rule == "series"] == []
+    assert "Retired: limit" in report.to_markdown()
+
+
+def test_cli_retire_refuses_dry_run_and_retires_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from qwen38build.cli import main
+
+    upstream = sub(SERVE, "    for r in requests:\n",
+                   "    for r in requests:\n        if done >= limit:\n"
+                   "            logger.warning('stopping: the limit of %d is reached', limit)\n"
+                   "            break\n")
+    p = custom_pins(tmp_path, monkeypatch, SERVE, upstream, {"limit": (SERVE, OURS)})
+    common = ["--recipe", str(p.root / "recipe.toml"), "--store", str(p.store_root)]
+    before = (p.root / "recipe.toml").read_bytes()
+    assert main([*common, "bump", "vllm", NEW, "--dry-run", "--retire"]) == 2
+    assert "--retire changes the recipe" in capsys.readouterr().err
+    assert (p.root / "recipe.toml").read_bytes() == before
+    assert main([*common, "bump", "vllm", NEW, "--dry-run"]) == 1
+    assert "Retire candidates: limit." in capsys.readouterr().out
+    assert main([*common, "bump", "vllm", NEW, "--retire"]) == 0  # the one failure retired
+    assert "Retired: limit" in capsys.readouterr().out
+    assert recipe.load(p.root / "recipe.toml").recipe.series.retired == ["old-topic", "limit"]
+
+
+def test_rebase_with_retire_does_not_carry_the_retired_topics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upstream = sub(SERVE, "    for r in requests:\n",
+                   "    for r in requests:\n        if done >= limit:\n"
+                   "            logger.warning('stopping: the limit of %d is reached', limit)\n"
+                   "            break\n")
+    p = custom_pins(tmp_path, monkeypatch, SERVE, upstream,
+                    {"limit": (SERVE, OURS), "other": (OURS, sub(OURS, "    return None\n",
+                                                                  "    return 0\n"))})
+    ws = tmp_path / "ws"
+    # Without --retire git's 3-way merge carries it cleanly: a second copy of the check.
+    plain = bump.bump(p.loaded(), p.store, NEW, rebase=ws)
+    assert plain.rebase is not None and plain.rebase.done == ("limit", "other")
+    shutil.rmtree(ws)
+    report = bump.bump(p.loaded(), p.store, NEW, dry_run=False, rebase=ws, retire=True)
+    r = report.rebase
+    assert r is not None and r.ok, report.to_markdown()
+    assert (r.done, r.skipped) == (("other",), ("limit",))
+    assert report.retired == ("limit",) and report.ok
+    assert "Not carried (retired): limit." in report.to_markdown()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import lint
+from qwen38build import knobs, lint
 from qwen38build.errors import LintFailed, RecipeError
 from qwen38build.lint import Finding, check, load_for_lint
 from qwen38build.patchfile import marker_for
@@ -55,6 +55,9 @@ archs = ["8.6"]
 python = "3.12"
 torch = "2.11.0"
 cuda = "13.0"
+
+[lint]
+env_allow = ["OPENAI_API_KEY"]
 """
 
 HEADERS = {
@@ -389,12 +392,15 @@ def test_pristine_knob_is_registered(project: Path, tmp_path_factory: pytest.Tem
     assert run(project, pristine_envs=wheel) == []
 
 
-def test_knob_reads_ignore_writes_comments_and_foreign_variables() -> None:
-    assert lint.knob_reads('os.environ["VLLM_X"] = "1"') == []
-    assert lint.knob_reads('del os.environ["VLLM_X"]') == []
-    assert lint.knob_reads('# envs.VLLM_X') == []
-    assert lint.knob_reads('x = os.environ["VLLM_X"] == "1"') == [("VLLM_X", "os.environ[...]")]
-    assert lint.knob_reads("envs.is_set('A_B') or envs.environment_variables") == [
+def test_text_fallback_ignores_writes_and_comments() -> None:
+    def names(text: str) -> list[tuple[str, str]]:
+        return [(r.name, r.form) for r in knobs.reads_in_text(text)]
+
+    assert names('os.environ["VLLM_X"] = "1"') == []
+    assert names('del os.environ["VLLM_X"]') == []
+    assert names('# envs.VLLM_X') == []
+    assert names('x = os.environ["VLLM_X"] == "1"') == [("VLLM_X", "os.environ[...]")]
+    assert names("envs.is_set('A_B') or envs.environment_variables") == [
         ("A_B", "envs.is_set")
     ]
 
@@ -430,6 +436,36 @@ def test_absolute_path(project: Path) -> None:
     f = only(run(project))
     assert (f.line, f.rule) == (line_of(path, "--- /etc/kvarn.py"), "diff-hygiene")
     assert "'/etc/kvarn.py' has no a/ or b/ prefix" in f.message
+
+
+def test_diff_git_names_that_disagree_with_minus_plus(project: Path) -> None:
+    path = project / "patches" / "feature-a.patch"
+    edit(path, "diff --git a/v1/feature.py b/v1/feature.py",
+         "diff --git a/v1/other.py b/v1/other.py")
+    f = only(run(project, pristine_knobs=frozenset()))
+    assert (f.file, f.line, f.rule) == (
+        Path("patches/feature-a.patch"), line_of(path, "diff --git a/v1/other.py"),
+        "diff-hygiene",
+    )
+    assert f.message == (
+        "'diff --git' names v1/other.py but '---'/'+++' name v1/feature.py and "
+        "v1/feature.py; GNU patch follows the one, git apply the other."
+    )
+
+
+def test_diff_git_two_names_need_a_rename_line(project: Path) -> None:
+    path = project / "patches" / "feature-a.patch"
+    edit(path, "diff --git a/v1/feature.py b/v1/feature.py",
+         "diff --git a/v1/feature.py b/v1/moved.py")
+    f = run(project, pristine_knobs=frozenset())[0]
+    assert "names two files (v1/feature.py, v1/moved.py) but no rename or copy line" \
+        in f.message
+    edit(path, "diff --git a/v1/feature.py b/v1/moved.py\n",
+         "diff --git a/v1/feature.py b/v1/moved.py\nsimilarity index 90%\n"
+         "rename from v1/feature.py\nrename to v1/moved.py\n")
+    edit(path, "+++ b/v1/feature.py", "+++ b/v1/moved.py")
+    assert [x for x in run(project, pristine_knobs=frozenset()) if "diff --git" in x.message
+            ] == []
 
 
 def test_binary_diff(project: Path) -> None:
