@@ -228,15 +228,19 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
+    from qwen38build import envlock
     from qwen38build.locking import check_lock, relock
 
     loaded = load_recipe(args)
     if args.check:
         check_lock(loaded)
-        print(f"lock is current for {loaded.path.name}")
+        env = envlock.check(loaded)
+        print(f"lock is current for {loaded.path.name} (sources and {env.name})")
         return ExitCode.OK
-    path = relock(loaded, open_store(args))
-    print(f"wrote {path}")
+    store = open_store(args)
+    path = relock(loaded, store)
+    env = envlock.relock(loaded, store)  # refuses a torch the pin excludes, before uv runs
+    print(f"wrote {path}\nwrote {env}")
     return ExitCode.OK
 
 
