@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -71,15 +70,13 @@ def marker_env(python: str, platform_tag: str) -> dict[str, str]:
     """The PEP 508 marker values of the target (not of this machine)."""
     machine = uv_platform(platform_tag).split("-", 1)[0]
     full = python if python.count(".") >= 2 else f"{python}.0"
-    env: dict[str, str] = dict(default_environment())
-    env.update({
+    return {
         "python_version": ".".join(python.split(".")[:2]), "python_full_version": full,
         "implementation_name": "cpython", "implementation_version": full,
         "platform_python_implementation": "CPython", "sys_platform": "linux",
         "platform_system": "Linux", "os_name": "posix", "platform_machine": machine,
         "platform_release": "", "platform_version": "", "extra": "",
-    })
-    return env
+    }
 
 
 def cupy_requirement(cuda: str) -> str:
@@ -135,6 +132,20 @@ def check_torch(loaded: LoadedRecipe, pin: str, reqs: list[Requirement]) -> None
         )
 
 
+def torch_for(loaded: LoadedRecipe, pin: str, reqs: list[Requirement]) -> str:
+    """The recipe's torch when the pin allows it, else the one version the pin requires
+    (``torch==V``); a pin that allows neither is refused as ``check_torch`` does."""
+    torch = loaded.recipe.toolchain.torch
+    for req in reqs:
+        if canonicalize_name(req.name) == "torch" and not req.specifier.contains(
+                torch, prereleases=True):
+            want = required_version(req)
+            if want is None:
+                check_torch(loaded, pin, reqs)
+            return str(want)
+    return torch
+
+
 def required_version(req: Requirement) -> str | None:
     """The one version an ``==V`` requirement allows, else None."""
     specs = list(req.specifier)
@@ -177,14 +188,24 @@ class Locked:
         return packages_of(self.text, PYLOCK)
 
 
+def pin_requirements(loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path
+                     ) -> list[Requirement]:
+    """The runtime requirements of the pinned ``wheel`` on the recipe's target."""
+    env = marker_env(loaded.recipe.toolchain.python, entry.platform_tag)
+    return runtime_requirements(requires_dist(wheel), env, f"{entry.filename} METADATA")
+
+
 def compute(
     loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path, *, torch: str | None = None
 ) -> Locked:
-    """Lock the environment of ``wheel`` (the pin ``entry``) through uv; writes nothing."""
+    """Lock the environment of ``wheel`` (the pin ``entry``) through uv; writes nothing.
+
+    ``torch`` overrides the recipe's (bump moves it to what a new pin requires); without
+    it a recipe torch that the pin excludes is refused before uv runs.
+    """
     tc = loaded.recipe.toolchain
-    env = marker_env(tc.python, entry.platform_tag)
     pin = f"{entry.name} {entry.version}"
-    reqs = runtime_requirements(requires_dist(wheel), env, f"{entry.filename} METADATA")
+    reqs = pin_requirements(loaded, entry, wheel)
     if torch is None:
         check_torch(loaded, pin, reqs)
     spec = inputs(loaded, entry, torch)
@@ -327,7 +348,7 @@ class EnvMove:
         out = [f"- {n} {a} → {b}" for n, a, b in self.changed]
         out += [f"- added {n} {v}" for n, v in self.added]
         out += [f"- removed {n} {v}" for n, v in self.removed]
-        return out + [f"- {self.unchanged} package(s) unchanged"]
+        return [*out, f"- {self.unchanged} package(s) unchanged"]
 
 
 _FIRST = ("torch", "triton")
