@@ -94,13 +94,13 @@ def requires_dist(wheel: Path) -> list[str]:
 
     from qwen38build.wheelzip import open_wheel
 
-    with open_wheel(wheel) as z:
-        names = [n for n in z.namelist()
-                 if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
-        if len(names) != 1:
-            raise InputError(f"{wheel.name}: holds {len(names)} dist-info METADATA files, "
-                             "not one.")
-        meta = BytesHeaderParser().parsebytes(z.read(names[0]))
+    z = open_wheel(wheel)  # shared within the process: not closed here
+    names = [n for n in z.namelist()
+             if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+    if len(names) != 1:
+        raise InputError(f"{wheel.name}: holds {len(names)} dist-info METADATA files, "
+                         "not one.")
+    meta = BytesHeaderParser().parsebytes(z.read(names[0]))
     return [str(v) for v in meta.get_all("Requires-Dist") or []]
 
 
