@@ -47,6 +47,13 @@ def kernels(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def env(session: nox.Session) -> None:
+    """Make the stack's virtual environment from the locks and the store: nox -s env -- DIR."""
+    _tool(session)
+    session.run("qwen38build", "env", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def gpu_tests(session: nox.Session) -> None:
     """The GPU tests; each skips with its reason where no GPU is present."""
     _tool(session, "test")
