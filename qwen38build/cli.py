@@ -248,7 +248,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     from qwen38build.venv import make
 
     made = make(load_recipe(args), open_store(args), Path(args.dir), python=args.python,
-                offline=args.offline or bool(os.environ.get("UV_OFFLINE")))
+                offline=args.offline)  # UV_OFFLINE reaches uv by itself
     emit(args, {"env": str(made.dest), "python": made.python,
                 "site_packages": str(made.site_packages), "locked_packages": made.packages,
                 "wheels": list(made.wheels)},

@@ -92,7 +92,10 @@ def add_pthfa_wheel(p: Project, monkeypatch: pytest.MonkeyPatch) -> Path:
     (src / "csrc" / "decode.cu").write_text("// a kernel\n")
     (src / "python" / "pthfa").mkdir(parents=True, exist_ok=True)
     (src / "python" / "pthfa" / "__init__.py").write_text("")
-    monkeypatch.setattr(kernels, "nvcc_version", lambda: "nvcc for tests")
+    from qwen38build.steps import cubin  # bound to the real nvcc_version before the patch
+
+    for module in (kernels, cubin):
+        monkeypatch.setattr(module, "nvcc_version", lambda: "nvcc for tests")
     step = kernel_steps(load(p.root / "recipe.toml"))[-1]
 
     def fill(out: Path) -> None:
