@@ -288,6 +288,8 @@ def check(loaded: LoadedRecipe) -> Path:
         recorded, sha = record["inputs"], record["pylock_sha256"]
         if not isinstance(recorded, dict) or not isinstance(sha, str):
             raise TypeError("inputs must be a table and pylock_sha256 a string")
+        if sha256_json(recorded) != record["inputs_digest"]:
+            raise ValueError("its inputs do not hash to its inputs_digest: it was edited")
     except (ValueError, KeyError, TypeError) as exc:
         raise LockError(f"{side}: not a valid inputs record ({exc}); {redo}.") from None
     now = sha256_file(path)

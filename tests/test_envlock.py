@@ -106,6 +106,17 @@ def test_stale_lock_names_what_changed(
     assert says in capsys.readouterr().err
 
 
+def test_an_edited_inputs_record_is_named(proj: Project) -> None:
+    envlock.relock(loaded(proj), Store(proj.store))
+    side = envlock.inputs_path(proj.root)
+    record = json.loads(side.read_text())
+    record["inputs"]["cuda"] = "12.8"
+    side.write_text(json.dumps(record))
+    with pytest.raises(LockError, match=r"pylock.inputs.json: not a valid inputs record "
+                       r"\(its inputs do not hash to its inputs_digest"):
+        envlock.check(loaded(proj))
+
+
 def test_a_new_pin_wheel_makes_the_lock_stale(proj: Project) -> None:
     envlock.relock(loaded(proj), Store(proj.store))
     sources = proj.root / "lock" / "sources.json"
