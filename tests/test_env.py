@@ -145,3 +145,46 @@ def test_a_directory_that_is_not_an_environment_is_left_alone(
     assert built.run("env", str(dest), "--python", sys.executable) == 2
     assert "exists and is not a virtual environment" in capsys.readouterr().err
     assert [p.name for p in dest.iterdir()] == ["keep.txt"]
+
+
+def test_offline_once_uvs_cache_holds_the_locked_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The index is an HTTP server on the loopback; after one install it is shut down, and
+    a second environment is made with --offline from uv's cache and the store alone."""
+    import functools
+    import http.server
+    import threading
+
+    p = env_project(tmp_path, monkeypatch)
+    index = tmp_path / "index"
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(index))
+
+    class Quiet(http.server.ThreadingHTTPServer):
+        def handle_error(self, request: object, client_address: object) -> None:
+            pass
+
+    monkeypatch.setattr(http.server.SimpleHTTPRequestHandler, "log_message",
+                        lambda *a: None)
+    server = Quiet(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        (tmp_path / "uv.toml").write_text(f'no-index = true\nfind-links = ["{url}"]\n')
+        envlock.relock(recipe.load(p.root / "recipe.toml"), Store(p.store))
+        assert url in envlock.pylock_path(p.root).read_text()
+        assert p.run("build", "--no-link") == 0
+        add_pthfa_wheel(p, monkeypatch)
+        assert p.run("env", str(tmp_path / "online"), "--python", sys.executable) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    capsys.readouterr()
+    monkeypatch.setenv("UV_HTTP_RETRIES", "0")
+    assert p.run("env", str(tmp_path / "online-again"), "--python", sys.executable) == 1
+    assert "uv failed" in capsys.readouterr().err  # the index is gone indeed
+    assert p.run("env", str(tmp_path / "offline"), "--python", sys.executable, "--offline") == 0
+    site = next((tmp_path / "offline").glob("lib/*/site-packages"))
+    assert (site / "torch" / "__init__.py").read_text() == "VERSION = '2.11.0'\n"
+    assert p.run("verify", str(site)) == 0
