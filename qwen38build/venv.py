@@ -20,6 +20,7 @@ from qwen38build import lock as lockmod
 from qwen38build.digest import sha256_file
 from qwen38build.errors import CheckFailed, InputError, Qwen38BuildError, StoreError, UsageError
 from qwen38build.recipe import LoadedRecipe
+from qwen38build.step import Step
 from qwen38build.store import Entry, Store
 
 
@@ -39,17 +40,24 @@ def built_wheels(loaded: LoadedRecipe, store: Store) -> list[Path]:
 
     A wheel that is not built is a usage error telling which command builds it.
     """
-    from qwen38build.plan import kernel_steps, make_plan
+    from qwen38build.plan import make_plan
 
     plan = make_plan(loaded, lockmod.read(loaded.root))
     vllm = _entry(store, plan.build_hash, "the patched vLLM wheel", "qwen38build build")
     try:
-        pthfa_digest = kernel_steps(loaded)[-1].digest
+        pthfa_digest = pthfa_step(loaded).digest
     except Qwen38BuildError as exc:
         raise UsageError(f"the pthfa wheel cannot be located: {exc}",
                          hint="run `qwen38build kernels` where its compiler is") from None
     pthfa = _entry(store, pthfa_digest, "the pthfa wheel", "qwen38build kernels")
     return [_checked(vllm), _checked(pthfa)]
+
+
+def pthfa_step(loaded: LoadedRecipe) -> Step:
+    """The step whose output is the recipe's pthfa wheel (every arch of the recipe)."""
+    from qwen38build.plan import kernel_steps
+
+    return kernel_steps(loaded)[-1]
 
 
 def _entry(store: Store, digest: str, what: str, command: str) -> Entry:

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from qwen38build import kernels
-from qwen38build.plan import kernel_steps
 from qwen38build.recipe import load
 from qwen38build.store import Store
+from qwen38build.venv import pthfa_step
 from tests.conftest import ENVS, SERVER, Project
 from tests.engine_fixtures import make_project, make_wheel
 
@@ -96,7 +96,7 @@ def add_pthfa_wheel(p: Project, monkeypatch: pytest.MonkeyPatch) -> Path:
 
     for module in (kernels, cubin):
         monkeypatch.setattr(module, "nvcc_version", lambda: "nvcc for tests")
-    step = kernel_steps(load(p.root / "recipe.toml"))[-1]
+    step = pthfa_step(load(p.root / "recipe.toml"))
 
     def fill(out: Path) -> None:
         dist_wheel(out, "pthfa", "0.1.0", files={"pthfa/__init__.py": "CUBINS = []\n"})
