@@ -2,8 +2,10 @@
 
 What is locked: the pinned vLLM wheel's runtime requirements (its METADATA ``Requires-Dist``
 for the recipe's Python and platform), what pthfa needs at run time (CuPy for the recipe's
-CUDA major) and torch as the recipe names it. uv (a pinned dependency of this package) writes
-a PEP 751 ``pylock.toml``. Beside it, ``lock/pylock.inputs.json`` records what the lock was
+CUDA major) and torch as the recipe names it, for the recipe's Python and platform
+(``[environment] platform``, else the vLLM wheel's). uv (a pinned dependency of this
+package) writes a PEP 751 ``pylock.toml`` of wheels only: making the environment never
+builds from source. Beside it, ``lock/pylock.inputs.json`` records what the lock was
 made from and the lock file's sha256, so that ``check`` tells a stale or edited lock without
 network. A torch that the pin's own requirements exclude is refused before uv runs.
 """
@@ -31,7 +33,7 @@ from qwen38build.recipe import LoadedRecipe
 
 PYLOCK = "pylock.toml"
 INPUTS = "pylock.inputs.json"
-FORMAT = 1
+FORMAT = 2  # 2: wheels only (--only-binary :all:)
 HEADER = (
     "# The Python environment of the stack, locked with hashes by `qwen38build lock`\n"
     "# (uv pip compile). Do not edit: lock/pylock.inputs.json records what it was locked\n"
@@ -168,7 +170,7 @@ def inputs(loaded: LoadedRecipe, entry: lockmod.LockedWheel, torch: str | None =
         "vllm": f"{entry.name}=={entry.version}",
         "vllm_sha256": entry.sha256,
         "python": tc.python,
-        "platform": entry.platform_tag,
+        "platform": target_platform(loaded, entry),
         "torch": torch,
         "cuda": tc.cuda,
         "extra": [cupy_requirement(tc.cuda), f"torch=={torch}"],
@@ -188,10 +190,17 @@ class Locked:
         return packages_of(self.text, PYLOCK)
 
 
+def target_platform(loaded: LoadedRecipe, entry: lockmod.LockedWheel) -> str:
+    """The wheel platform the environment is locked for: ``[environment] platform``, else
+    the pinned vLLM wheel's own."""
+    env = loaded.recipe.environment
+    return env.platform if env is not None else entry.platform_tag
+
+
 def pin_requirements(loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path
                      ) -> list[Requirement]:
     """The runtime requirements of the pinned ``wheel`` on the recipe's target."""
-    env = marker_env(loaded.recipe.toolchain.python, entry.platform_tag)
+    env = marker_env(loaded.recipe.toolchain.python, target_platform(loaded, entry))
     return runtime_requirements(requires_dist(wheel), env, f"{entry.filename} METADATA")
 
 
@@ -215,9 +224,10 @@ def compute(
         req_in.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
         out = Path(tmp) / PYLOCK
         uv(["pip", "compile", str(req_in), "--python-version", tc.python,
-            "--python-platform", uv_platform(entry.platform_tag), "--format", "pylock.toml",
-            "--generate-hashes", "--no-header", "--quiet", "--no-python-downloads",
-            "-o", str(out)], what=f"lock the Python environment of {pin}")
+            "--python-platform", uv_platform(target_platform(loaded, entry)),
+            "--format", "pylock.toml", "--generate-hashes", "--only-binary", ":all:",
+            "--no-header", "--quiet", "--no-python-downloads", "-o", str(out)],
+           what=f"lock the Python environment of {pin}")
         body = out.read_text(encoding="utf-8")
     return Locked(HEADER + body, spec, lines)
 

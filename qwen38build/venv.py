@@ -100,7 +100,7 @@ def make(loaded: LoadedRecipe, store: Store, dest: Path, *, python: str | None =
         ) from None
     exe = dest / "bin" / "python"
     envlock.uv(["pip", "sync", str(pylock), "--python", str(exe), "--require-hashes",
-                "--preview-features", "pylock", "--quiet", *net],
+                "--no-build", "--preview-features", "pylock", "--quiet", *net],
                what=f"install {pylock.name} into {dest}")
     envlock.uv(["pip", "install", "--python", str(exe), "--no-deps", "--reinstall",
                 "--quiet", *net, *map(str, wheels)],

@@ -3,14 +3,16 @@ refused, the lock checked (missing, edited, stale) without network, what moved o
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from qwen38build import bump, envlock, lock, locking, recipe
-from qwen38build.errors import LockError
+from qwen38build.errors import LockError, RecipeError
 from qwen38build.store import Store
 from tests.conftest import Project
 from tests.env_fixtures import PIN_REQUIRES, env_project
@@ -240,3 +242,44 @@ def test_real_lock_resolves_to_the_committed_packages(tmp_path: Path) -> None:
     want = envlock.packages_of(envlock.pylock_path(REPO).read_text(), "committed")
     assert got["torch"] == "2.13.0" and "cupy-cuda13x" in got
     assert set(got) == set(want)
+
+
+def test_environment_platform_of_the_recipe_is_the_locks_target(
+    proj: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipe_toml = proj.root / "recipe.toml"
+    recipe_toml.write_text(recipe_toml.read_text()
+                           + '\n[environment]\nplatform = "manylinux_2_31_aarch64"\n')
+    seen: list[list[str]] = []
+    real_uv = envlock.uv
+
+    def spy(args: list[str], *, what: str) -> str:
+        seen.append(args)
+        return real_uv(args, what=what)
+
+    monkeypatch.setattr(envlock, "uv", spy)
+    envlock.relock(loaded(proj), Store(proj.store))
+    args = seen[0]
+    assert args[args.index("--python-platform") + 1] == "aarch64-manylinux_2_31"
+    assert args[args.index("--only-binary") + 1] == ":all:"
+    record = json.loads(envlock.inputs_path(proj.root).read_text())
+    assert record["inputs"]["platform"] == "manylinux_2_31_aarch64"
+    recipe_toml.write_text(recipe_toml.read_text().replace("manylinux_2_31_aarch64", "linux"))
+    with pytest.raises(RecipeError, match=r"environment\.platform: 'linux' is not a manylinux"):
+        loaded(proj)
+
+
+def test_a_requirement_with_no_wheel_is_not_locked_from_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = env_project(tmp_path, monkeypatch, requires=(*PIN_REQUIRES, "onlysource"))
+    data = b"Metadata-Version: 2.1\nName: onlysource\nVersion: 1.0\n"
+    with tarfile.open(tmp_path / "index" / "onlysource-1.0.tar.gz", "w:gz") as tar:
+        info = tarfile.TarInfo("onlysource-1.0/PKG-INFO")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    monkeypatch.setattr(locking, "relock", lambda ld, st: ld.root / "lock" / "sources.json")
+    assert p.run("lock") == 1
+    err = capsys.readouterr().err
+    assert "uv failed to lock the Python environment" in err and "onlysource" in err
+    assert not envlock.pylock_path(p.root).exists()
