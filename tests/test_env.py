@@ -188,3 +188,41 @@ def test_offline_once_uvs_cache_holds_the_locked_files(
     site = next((tmp_path / "offline").glob("lib/*/site-packages"))
     assert (site / "torch" / "__init__.py").read_text() == "VERSION = '2.11.0'\n"
     assert p.run("verify", str(site)) == 0
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_real_env_of_the_repository_is_verified(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The committed lock installed for real (about 3.7 GB of wheels the first time) with
+    the built vLLM and pthfa wheels of the default store; verify accepts the result."""
+    import shutil
+    import subprocess
+
+    from qwen38build.cli import main
+    from qwen38build.errors import UsageError
+    from qwen38build.plan import make_plan
+    from qwen38build.store import default_root
+    from qwen38build.venv import built_wheels
+
+    repo = Path(__file__).resolve().parents[1]
+    loaded = recipe.load(repo / "recipe.toml")
+    python = shutil.which(f"python{loaded.recipe.toolchain.python}")
+    found = python and subprocess.run([python, "-c", "pass"], check=False).returncode == 0
+    if not found:
+        pytest.skip(f"no Python {loaded.recipe.toolchain.python} here")
+    try:
+        built_wheels(loaded, Store(default_root()))
+    except UsageError as exc:
+        pytest.skip(f"not built in the default store: {exc}")
+    dest = tmp_path / "env"
+    argv = ["--recipe", str(repo / "recipe.toml"), "env", str(dest), "--python", str(python)]
+    assert main([*argv, "--json"]) == 0
+    site = json.loads(capsys.readouterr().out)["site_packages"]
+    from qwen38build import lock
+
+    build = make_plan(loaded, lock.read(repo)).build_hash
+    assert main(["--recipe", str(repo / "recipe.toml"), "verify", site, "--build", build]) == 0
+    assert main([*argv, "--offline"]) == 0  # again, from uv's cache
