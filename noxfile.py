@@ -70,6 +70,13 @@ def kernels(session: nox.Session) -> None:
     session.run("qwen38build", "kernels", *session.posargs)
 
 
+@nox.session(python=PYTHON)
+def env(session: nox.Session) -> None:
+    """Make the stack's virtual environment from the locks and the store: nox -s env -- DIR."""
+    _tool(session)
+    session.run("qwen38build", "env", *session.posargs)
+
+
 def gpu_arch(smi: str | None = None) -> str | None:
     """The compute capability of the first NVIDIA GPU (``9.0``), or None where there is none.
 

@@ -57,10 +57,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from qwen38build import envlock, upstreamed, workspace
 from qwen38build import lock as lockmod
-from qwen38build import upstreamed, workspace
 from qwen38build.digest import sha256_file
-from qwen38build.errors import InputError, LockError
+from qwen38build.errors import InputError, LockError, Qwen38BuildError
 from qwen38build.gnupatch import run_patch, scratch_parent
 from qwen38build.lineage import Lineage
 from qwen38build.patchfile import FileDiff, Hunk, PatchFile
@@ -162,6 +162,32 @@ class RebaseResult:
         return self.stopped_at is None
 
 
+@dataclass(frozen=True)
+class EnvReport:
+    """The environment lock re-made for the new pin: what moved, or why it could not be."""
+
+    move: envlock.EnvMove | None
+    torch: tuple[str, str] | None = None  # recipe [toolchain] torch, old → new
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "moved": None if self.move is None else self.move.to_json(),
+            "recipe_torch": None if self.torch is None else {"from": self.torch[0],
+                                                              "to": self.torch[1]},
+            "error": self.error or None,
+        }
+
+    def lines(self) -> list[str]:
+        out = ["", f"### Python environment ({lockmod.LOCK_DIR}/{envlock.PYLOCK})", ""]
+        if self.error:
+            return [*out, f"Not re-locked: {self.error}"]
+        if self.torch is not None:
+            out.append(f"- recipe [toolchain] torch {self.torch[0]} → {self.torch[1]} "
+                       "(what the new pin requires)")
+        return out + (self.move.lines() if self.move is not None else [])
+
+
 @dataclass
 class BumpReport:
     old_version: str
@@ -172,6 +198,7 @@ class BumpReport:
     seconds: float = 0.0
     rebase: RebaseResult | None = None
     retired: tuple[str, ...] = ()  # rows moved to series.retired by --retire
+    environment: EnvReport | None = None  # None: the project has no environment lock
 
     @property
     def ok(self) -> bool:
@@ -191,6 +218,7 @@ class BumpReport:
             "rebase": None if self.rebase is None else {
                 **asdict(self.rebase), "ok": self.rebase.ok,
             },
+            "environment": None if self.environment is None else self.environment.to_json(),
         }
 
     def to_markdown(self) -> str:
@@ -233,6 +261,8 @@ class BumpReport:
                     f"{self.new_version} --retire` (with `--rebase DIR` to carry the "
                     "workspace) moves them to series.retired, deletes their files and keeps "
                     "their prose in PATCHES.md's retired section."]
+        if self.environment is not None:
+            out += self.environment.lines()
         if self.rebase is not None:
             r = self.rebase
             out.append("")
@@ -645,12 +675,16 @@ def bump(
     report = BumpReport(old_version, new_version, new_entry, patches, dry_run)
     reasons = {p.patch: f"{p.outcome} in {new_version}: {p.summary()}"
                for p in patches if p.outcome in RETIRABLE} if retire and not dry_run else {}
+    report.environment, env_lock = relock_environment(loaded, new_entry, new_wheel)
     if rebase is not None:
         topics = {e.row_name: e.topic for e in loaded.series_entries()}
         report.rebase = rebase_workspace(loaded, store, rebase, new_version, new_wheel,
                                          skip=frozenset(topics[r] for r in reasons))
     if not dry_run:
-        repin(loaded, new_entry)
+        torch = report.environment.torch if report.environment is not None else None
+        repin(loaded, new_entry, torch=torch[1] if torch else None)
+        if env_lock is not None:
+            envlock.write(loaded.root, env_lock)
         if reasons:
             from qwen38build.retire import retire as retire_topics
 
@@ -660,8 +694,34 @@ def bump(
     return report
 
 
-def repin(loaded: LoadedRecipe, entry: lockmod.LockedWheel) -> None:
-    """Set ``[vllm] version`` in recipe.toml (layout and comments kept) and lock the wheel."""
+def relock_environment(
+    loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path
+) -> tuple[EnvReport | None, envlock.Locked | None]:
+    """Lock the environment for the new pin (nothing written) and compare with the current.
+
+    A project without an environment lock gets None. When the recipe's torch is excluded
+    by the new pin but the pin names one version, the lock takes that one and the report
+    says the recipe's torch moves with it. A failure (uv, the network) is reported, not
+    raised: the per-patch report stands on its own.
+    """
+    path = envlock.pylock_path(loaded.root)
+    if not path.is_file():
+        return None, None
+    try:
+        old = envlock.packages_of(path.read_text(encoding="utf-8"), str(path))
+        pin = f"{entry.name} {entry.version}"
+        torch = envlock.torch_for(loaded, pin, envlock.pin_requirements(loaded, entry, wheel))
+        locked = envlock.compute(loaded, entry, wheel, torch=torch)
+        new = locked.packages
+    except Qwen38BuildError as exc:
+        return EnvReport(None, error=str(exc).replace("\n", " ")), None
+    was = loaded.recipe.toolchain.torch
+    return EnvReport(envlock.diff(old, new), (was, torch) if torch != was else None), locked
+
+
+def repin(loaded: LoadedRecipe, entry: lockmod.LockedWheel, *, torch: str | None = None) -> None:
+    """Set ``[vllm] version`` (and ``[toolchain] torch`` when given) in recipe.toml, layout
+    and comments kept, and lock the wheel."""
     import tomlkit
 
     from qwen38build.recipe import validate
@@ -669,6 +729,8 @@ def repin(loaded: LoadedRecipe, entry: lockmod.LockedWheel) -> None:
     text = loaded.path.read_text(encoding="utf-8")
     doc = tomlkit.parse(text)
     doc["vllm"]["version"] = entry.version
+    if torch is not None:
+        doc["toolchain"]["torch"] = torch
     new_text = tomlkit.dumps(doc)
     validate(tomlkit.parse(new_text).unwrap(), loaded.path)
     others = [e for n, e in lockmod.read(loaded.root).items() if n != entry.name]

@@ -223,15 +223,32 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
+    from qwen38build import envlock
     from qwen38build.locking import check_lock, relock
 
     loaded = load_recipe(args)
     if args.check:
         check_lock(loaded)
-        print(f"lock is current for {loaded.path.name}")
+        env = envlock.check(loaded)
+        print(f"lock is current for {loaded.path.name} (sources and {env.name})")
         return ExitCode.OK
-    path = relock(loaded, open_store(args))
-    print(f"wrote {path}")
+    store = open_store(args)
+    path = relock(loaded, store)
+    env = envlock.relock(loaded, store)  # refuses a torch the pin excludes, before uv runs
+    print(f"wrote {path}\nwrote {env}")
+    return ExitCode.OK
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from qwen38build.venv import make
+
+    made = make(load_recipe(args), open_store(args), Path(args.dir), python=args.python,
+                offline=args.offline)  # UV_OFFLINE reaches uv by itself
+    emit(args, {"env": str(made.dest), "python": made.python,
+                "site_packages": str(made.site_packages), "locked_packages": made.packages,
+                "wheels": list(made.wheels)},
+         f"env {made.dest}: {made.packages} locked package(s) and {', '.join(made.wheels)}; "
+         f"verified {made.site_packages}")
     return ExitCode.OK
 
 
@@ -445,7 +462,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-COMMANDS = ("build", "plan", "show", "why", "reproduce", "lock", "verify", "apply",
+COMMANDS = ("build", "plan", "show", "why", "reproduce", "lock", "env", "verify", "apply",
             "workspace", "export", "bump", "kernels", "ci", "gc", "store", "lint", "table")
 
 
@@ -506,6 +523,12 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
     r.add_argument("-q", "--quiet", action="store_true")
     lk = add("lock", cmd_lock, "pin every external input by sha256 into lock/")
     lk.add_argument("--check", action="store_true", help="fail if the lock is stale")
+    en = add("env", cmd_env, "make a virtual environment of the stack from the locks and "
+             "the store, with uv", json_flag=True)
+    en.add_argument("dir", help="where to make it")
+    en.add_argument("--python", help="interpreter (path or version; default: the recipe's)")
+    en.add_argument("--offline", action="store_true", help="no network: the store and uv's "
+                    "cache must hold everything (also UV_OFFLINE=1)")
     for name, func, text in (("verify", cmd_verify, "check a tree holds exactly a build's bytes"),
                              ("apply", cmd_apply, "write a build's files into an installed vLLM")):
         sp = add(name, func, text, json_flag=name == "verify")

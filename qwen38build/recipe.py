@@ -154,6 +154,20 @@ class Lint(_Model):
     )
 
 
+class Environment(_Model):
+    """The stack's Python environment (lock/pylock.toml, wheels only): the wheel platform
+    it is locked for, where the pin's requirements need a newer one than its own wheel."""
+
+    platform: str
+
+    @field_validator("platform")
+    @classmethod
+    def _manylinux(cls, value: str) -> str:
+        if not re.fullmatch(r"manylinux_\d+_\d+_(x86_64|aarch64)", value):
+            raise ValueError(f"{value!r} is not a manylinux_X_Y_x86_64 or _aarch64 tag")
+        return value
+
+
 class Recipe(_Model):
     """The validated content of recipe.toml."""
 
@@ -164,6 +178,7 @@ class Recipe(_Model):
     cuda: Cuda
     toolchain: Toolchain
     lint: Lint = Field(default_factory=Lint)
+    environment: Environment | None = None  # None: the vLLM wheel's platform
 
 
 @dataclass(frozen=True)

@@ -39,15 +39,17 @@ def wheel_name(version: str) -> str:
 
 def make_wheel(
     dest: Path, files: dict[str, str] | dict[str, str | bytes] | None = None,
-    version: str = VERSION,
+    version: str = VERSION, requires: Sequence[str] = (),
 ) -> Path:
     """A real wheel: ``files`` by member name (default FILES), deflated, with a dist-info
-    holding METADATA, WHEEL and a true RECORD."""
+    holding METADATA (with ``requires`` as Requires-Dist), WHEEL and a true RECORD."""
     members: dict[str, bytes] = {
         n: (c.encode() if isinstance(c, str) else c) for n, c in (files or FILES).items()
     }
     di = f"vllm-{version}.dist-info"
-    members[f"{di}/METADATA"] = f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n\n".encode()
+    deps = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    members[f"{di}/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n{deps}\n".encode())
     members[f"{di}/WHEEL"] = b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: cp38-abi3-linux_x86_64\n"
     record = "".join(f"{n},{record_hash(c)},{len(c)}\n" for n, c in members.items())
     members[f"{di}/RECORD"] = (record + f"{di}/RECORD,,\n").encode()

@@ -1,0 +1,29 @@
+"""Where the pinned uv is: the binary the ``uv`` package (a dependency) ships."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+
+from qwen38build.errors import Qwen38BuildError
+
+
+@functools.cache
+def path() -> str:
+    """The uv executable of the installed ``uv`` package."""
+    try:
+        import uv
+    except ImportError:
+        raise Qwen38BuildError(
+            "the uv package is not installed beside qwen38build.",
+            hint="reinstall qwen38build (uv is one of its pinned dependencies)",
+        ) from None
+    return str(uv.find_uv_bin())
+
+
+@functools.cache
+def version() -> str:
+    """``uv --version``'s number, recorded beside each lock it writes."""
+    out = subprocess.run([path(), "--version"], capture_output=True, text=True, check=False)
+    parts = out.stdout.split()
+    return parts[1] if len(parts) > 1 else "unknown"
