@@ -69,21 +69,24 @@ def cmd_build(args: argparse.Namespace) -> int:
     loaded = load_recipe(args)
     plan = load_plan(loaded)  # checks the lock first: a stale lock is bad input (exit 2)
     reporter = make_reporter(quiet=args.quiet)
-    # The ledger's rules run before anything is applied; the env-knob rule needs the
-    # pristine envs.py, so the (fixed-output) wheel is fetched first.
-    realise([plan.targets["fetch"]], store, reporter)
-    findings = lint.check(loaded, pristine_envs=_pristine_wheel(store, plan))
-    if findings:
-        for f in findings:
-            print(f"lint: {f}", file=sys.stderr)
-        raise _lint_failed(len(findings))
-    outcomes = realise([plan.top], store, reporter)
-    record.write_build(store, plan.top, outcomes, root_name=_root_name(loaded))
-    wheel = _wheel_name(store, plan.build_hash)
-    files, dirs = _read_by_build(loaded)
-    fastpath.save(store.root, loaded.path, files, dirs, plan.build_hash, wheel)
-    return report_build(store.root, plan.build_hash, wheel, loaded.root,
-                        link=not args.no_link, as_json=args.json)
+    # One session for the whole build: its temporary roots keep everything it makes or
+    # uses from gc until the record, the root and ./result are in place.
+    with store.hold():
+        # The ledger's rules run before anything is applied; the env-knob rule needs the
+        # pristine envs.py, so the (fixed-output) wheel is fetched first.
+        realise([plan.targets["fetch"]], store, reporter)
+        findings = lint.check(loaded, pristine_envs=_pristine_wheel(store, plan))
+        if findings:
+            for f in findings:
+                print(f"lint: {f}", file=sys.stderr)
+            raise _lint_failed(len(findings))
+        outcomes = realise([plan.top], store, reporter)
+        record.write_build(store, plan.top, outcomes, root_name=_root_name(loaded))
+        wheel = _wheel_name(store, plan.build_hash)
+        files, dirs = _read_by_build(loaded)
+        fastpath.save(store.root, loaded.path, files, dirs, plan.build_hash, wheel)
+        return report_build(store.root, plan.build_hash, wheel, loaded.root,
+                            link=not args.no_link, as_json=args.json)
 
 
 def _read_by_build(loaded: LoadedRecipe) -> tuple[list[str], list[str]]:
@@ -130,14 +133,26 @@ def _wheel_name(store: Store, build_hash: str) -> str:
 def report_build(
     store_root: Path, build_hash: str, wheel: str, root: Path, *, link: bool, as_json: bool
 ) -> int:
-    """Point ``result`` at the build (like Nix) and print its hash and wheel."""
-    out_dir = store_root / "objects" / build_hash
+    """Point ``result`` at the build (like Nix) and print its hash and wheel.
+
+    The link is made under a temporary root on the build and registered as an indirect
+    root, so gc keeps what it points at and never leaves it dangling.
+    """
+    out_dir = Path(os.path.abspath(store_root / "objects" / build_hash))
     if link:
-        tmp = root / ".result.tmp"
-        if tmp.is_symlink() or tmp.exists():
-            tmp.unlink()
-        tmp.symlink_to(out_dir)
-        os.replace(tmp, root / "result")
+        from qwen38build.store import Store, atomic_symlink
+
+        store = Store(store_root)
+        with store.hold() as session:
+            session.add([build_hash])
+            if not store.meta_path(build_hash).exists():
+                from qwen38build.errors import StoreError
+
+                raise StoreError(f"build {build_hash[:12]} left the store before ./result "
+                                 "could point at it.", hint="run the build again")
+            result = root / "result"
+            atomic_symlink(out_dir, result)
+            store.add_indirect_root(result)
     if as_json:
         import json
 
@@ -379,22 +394,23 @@ def cmd_ci_matrix(args: argparse.Namespace) -> int:
 def cmd_gc(args: argparse.Namespace) -> int:
     from qwen38build.gc import collect
 
-    removed = collect(open_store(args), dry_run=args.dry_run)
+    report = collect(open_store(args), dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
-    print("\n".join(f"{verb} {d}" for d in removed) or "nothing to remove")
+    lines = [f"{verb} {d}" for d in report.removed]
+    lines += [f"removed tmp/{t} (its owner is dead)" for t in report.tmp_removed]
+    print("\n".join(lines) or "nothing to remove")
+    for problem in report.problems:
+        print(f"warning: {problem}", file=sys.stderr)
     return ExitCode.OK
 
 
 def cmd_store_verify(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    bad = []
-    for digest in store.entries():
-        entry = store.lookup(digest)
-        assert entry is not None
-        for name in store.changed_files(entry, rehash=True):
-            bad.append(f"{digest}/{name}")
-    print("\n".join(f"changed: {b}" for b in bad) or "every store entry is intact")
-    return ExitCode.FAILED if bad else ExitCode.OK
+    from qwen38build.storeverify import verify
+
+    found = verify(open_store(args))
+    emit(args, {"ok": not found, "findings": [f.as_json() for f in found]},
+         "\n".join(map(str, found)) or "every store entry is intact")
+    return ExitCode.FAILED if found else ExitCode.OK
 
 
 # -- lint, table ------------------------------------------------------------------------
@@ -533,8 +549,9 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--dry-run", action="store_true")
     st = add("store", None, "store maintenance")
     st_sub = st.add_subparsers(dest="store_command", required=True, metavar="WHAT")
-    st_sub.add_parser("verify", help="re-hash every entry; name any that changed"
-                      ).set_defaults(func=cmd_store_verify)
+    sv = st_sub.add_parser("verify", help="re-hash every entry; name any that changed")
+    sv.set_defaults(func=cmd_store_verify)
+    sv.add_argument("--json", action="store_true", help="machine-readable output")
     add("lint", cmd_lint, "check the series against the ledger's rules")
     t = add("table", cmd_table, "write PATCHES.md's table from the patch headers")
     t.add_argument("--check", action="store_true", help="fail with a diff when stale")

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from qwen38build.step import Step
     from qwen38build.store import Store
 
-RECORD_FORMAT = 1
+# 2: derivations hold ``implementation`` (a source hash), where 1 held a hand-bumped version.
+RECORD_FORMAT = 2
 
 
 def write_build(store: Store, top: Step, outcomes: dict[str, Outcome], root_name: str) -> Path:
@@ -85,12 +86,20 @@ def steps_from_record(record: dict[str, Any]) -> list[Step]:
     """Rebuild the Step objects of a recorded closure; digests must come out the same."""
     from qwen38build.step import Step
 
+    if record.get("format") != RECORD_FORMAT:
+        raise UsageError(
+            f"build {str(record.get('build'))[:12]} was recorded by an older qwen38build "
+            f"(record format {record.get('format')}, this one reads {RECORD_FORMAT}); its "
+            "steps' code is not this code, so rebuilding it here would prove nothing.",
+            hint="reproduce it with the qwen38build release that built it",
+        )
     by_digest: dict[str, Step] = {}
     out = []
     for rec in record["steps"]:
         drv = rec["derivation"]
         step = Step(
-            kind=drv["kind"], version=drv["version"], name=drv["name"], params=drv["params"],
+            kind=drv["kind"], implementation=drv["implementation"], name=drv["name"],
+            params=drv["params"],
             inputs=tuple((k, v) for k, v in drv["inputs"]),
             deps=tuple((k, by_digest[d]) for k, d in drv["deps"]),
         )

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from qwen38build.executor import Context
 from qwen38build.kernels import compile_arch, nvcc_version
+from qwen38build.steps import ENGINE
 
 KIND = "cubin"
-VERSION = 1
+IMPLEMENTATION = (*ENGINE, "qwen38build.kernels")
 
 
 def run(ctx: Context) -> None:

@@ -6,9 +6,10 @@ import shutil
 
 from qwen38build.executor import Context
 from qwen38build.kernels import write_pthfa_wheel
+from qwen38build.steps import ENGINE
 
 KIND = "pthfa-wheel"
-VERSION = 1
+IMPLEMENTATION = (*ENGINE, "qwen38build.kernels")
 
 
 def run(ctx: Context) -> None:

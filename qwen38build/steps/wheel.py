@@ -16,12 +16,14 @@ from typing import Any
 
 from qwen38build.errors import CheckFailed
 from qwen38build.executor import Context
+from qwen38build.steps import ENGINE
 from qwen38build.steps import patch as patch_step
 from qwen38build.verify import MANIFEST
 from qwen38build.wheelzip import PatchedWheel, record_hash
 
 KIND = "wheel"
-VERSION = 2
+IMPLEMENTATION = (*ENGINE, "qwen38build.gnupatch", "qwen38build.patchfile",
+                  "qwen38build.steps.patch", "qwen38build.verify", "qwen38build.wheelzip")
 LABEL = "q38"
 
 

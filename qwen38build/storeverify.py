@@ -1,0 +1,96 @@
+"""store verify: re-hash every entry and name everything that is not as written.
+
+Reports, by entry and file: ``changed`` (bytes differ from the record), ``missing``,
+``symlink`` (an output replaced by a link), ``not-a-file``, ``mode`` (not read-only as
+sealed), ``stray`` (a file no record names: never used, but not ours), ``malformed`` (a
+record that is not JSON, lacks ``outputs``, or has wrong types) and ``orphan`` (an output
+folder without a record). Never raises for what it finds in the store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass
+
+from qwen38build.digest import sha256_file
+from qwen38build.store import Store, _well_formed
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    entry: str
+    path: str = ""
+    detail: str = ""
+
+    def as_json(self) -> dict[str, str]:
+        return {"kind": self.kind, "entry": self.entry, "path": self.path,
+                "detail": self.detail}
+
+    def __str__(self) -> str:
+        where = f"{self.entry}/{self.path}" if self.path else self.entry
+        return f"{self.kind}: {where}" + (f" ({self.detail})" if self.detail else "")
+
+
+def verify(store: Store) -> list[Finding]:
+    found: list[Finding] = []
+    if not store.objects.is_dir():
+        return found
+    names = sorted(os.listdir(store.objects))
+    records = {n.removesuffix(".json") for n in names if n.endswith(".json")}
+    for name in names:
+        if not name.endswith(".json") and name not in records:
+            found.append(Finding("orphan", name, detail="output folder without a record"))
+    for digest in sorted(records):
+        found += _entry(store, digest)
+    return found
+
+
+def _entry(store: Store, digest: str) -> list[Finding]:
+    try:
+        meta = json.loads(store.meta_path(digest).read_bytes())
+    except (OSError, ValueError) as exc:
+        return [Finding("malformed", digest + ".json", detail=str(exc))]
+    if not _well_formed(meta):
+        return [Finding("malformed", digest + ".json",
+                        detail="no 'outputs' mapping of names to sha256, size and stat")]
+    found: list[Finding] = []
+    folder = store.objects / digest
+    outputs: dict[str, dict[str, object]] = meta["outputs"]
+    for name, rec in sorted(outputs.items()):
+        p = folder / name
+        try:
+            st = os.lstat(p)
+        except OSError:
+            found.append(Finding("missing", digest, name))
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            found.append(Finding("symlink", digest, name, f"points at {os.readlink(p)}"))
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            found.append(Finding("not-a-file", digest, name))
+            continue
+        mode = stat.S_IMODE(st.st_mode)
+        want = rec.get("mode")
+        if (want is not None and mode != want) or mode not in (0o444, 0o555):
+            found.append(Finding("mode", digest, name, f"{mode:o}, sealed read-only"))
+        try:
+            ok = sha256_file(p) == rec["sha256"]
+        except OSError as exc:
+            found.append(Finding("unreadable", digest, name, str(exc)))
+            continue
+        if not ok:
+            found.append(Finding("changed", digest, name))
+    if folder.is_dir() and not folder.is_symlink():
+        for dirpath, dirnames, filenames in os.walk(folder):
+            dirnames.sort()
+            for f in sorted(filenames + [d for d in dirnames
+                                         if os.path.islink(os.path.join(dirpath, d))]):
+                rel = os.path.relpath(os.path.join(dirpath, f), folder).replace(os.sep, "/")
+                if rel not in outputs:
+                    found.append(Finding("stray", digest, rel, "no record names it; never used"))
+    elif outputs:
+        found.append(Finding("missing", digest, detail="its output folder is not a folder"))
+    return found

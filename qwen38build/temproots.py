@@ -1,0 +1,175 @@
+"""Who is using the store right now: per-digest locks, temporary roots, owned temp space.
+
+Nix's protocol, with flock(2), whose locks die with their process (a SIGKILL included):
+
+- ``gc.lock``: gc holds it exclusively while it decides and deletes; a process takes it
+  shared only for the moment it adds digests to its temporary roots. So a digest added
+  before a lookup is never collected after it, and gc never sees half a registration.
+- ``temproots/<id>``: one file per live session, flocked by its owner for its lifetime,
+  listing the digests it has made or is using. A file nobody holds belongs to a dead process.
+- ``tmp/<id>.<random>``: work dirs of session ``<id>``; removed by anyone (gc or the next
+  build) once that session's temproot is unlocked or gone.
+- ``locks/<digest>.lock``: one builder per digest. The file is unlinked under the lock
+  when released, and an acquirer checks the inode it locked is still the file's, so no
+  lock file outlives its step.
+
+Standard library only: the no-op build takes a temporary root for the build it links.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+from pathlib import Path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
+GC_LOCK = "gc.lock"
+TEMPROOTS = "temproots"
+
+
+@contextlib.contextmanager
+def flocked(path: Path, *, shared: bool = False) -> Iterator[None]:
+    """Hold flock on the long-lived file ``path`` (created if missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def digest_lock(path: Path) -> Iterator[None]:
+    """Exclusive lock on ``path`` that leaves no file behind once released."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # its holder unlinked it while we waited: lock the new one
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
+
+
+def is_held(path: Path) -> bool:
+    """True if some live process holds flock on ``path`` (ours included)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+class Session:
+    """This process's temporary roots in one store, and the owner of its temp dirs."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.id = f"{os.getpid()}-{os.urandom(4).hex()}"
+        self.path = root / TEMPROOTS / self.id
+        self.digests: set[str] = set()
+        self.depth = 0
+        self.cleaned = False  # dead sessions' tmp/ work removed once per session
+        self._mutex = threading.Lock()
+        with flocked(root / GC_LOCK, shared=True):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND,
+                              0o644)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def add(self, digests: Iterable[str]) -> None:
+        """Make ``digests`` roots for as long as this session lives (before using them)."""
+        with self._mutex:
+            new = sorted(set(digests) - self.digests)
+            if not new:
+                return
+            with flocked(self.root / GC_LOCK, shared=True):
+                os.write(self.fd, "".join(f"{d}\n" for d in new).encode())
+            self.digests.update(new)
+
+    def close(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        os.close(self.fd)
+
+
+_SESSIONS: dict[str, Session] = {}
+_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def hold(root: Path) -> Iterator[Session]:
+    """This process's session in the store at ``root``, for the ``with`` block.
+
+    Reentrant: nested holds share one session, released when the outermost one ends.
+    """
+    key = os.path.abspath(root)
+    with _GUARD:
+        session = _SESSIONS.get(key)
+        if session is None:
+            session = _SESSIONS[key] = Session(root)
+        session.depth += 1
+    try:
+        yield session
+    finally:
+        with _GUARD:
+            session.depth -= 1
+            if session.depth == 0:
+                del _SESSIONS[key]
+                session.close()
+
+
+def live_sessions(root: Path) -> dict[str, set[str]]:
+    """Live sessions by id with their temporary roots; dead ones' files are removed.
+
+    Call with ``gc.lock`` held exclusively, so no session is half made or half written.
+    """
+    out: dict[str, set[str]] = {}
+    folder = root / TEMPROOTS
+    if not folder.is_dir():
+        return out
+    for p in sorted(folder.iterdir()):
+        if not is_held(p):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+            continue
+        try:
+            text = p.read_text()
+        except (OSError, UnicodeDecodeError):
+            text = ""
+        out[p.name] = {line for line in text.split() if line}
+    return out
+
+
+def owner_of(tmp_name: str) -> str:
+    """The session id a ``tmp/`` entry belongs to."""
+    return tmp_name.split(".", 1)[0]
+
+
+def dead_tmp(root: Path, tmp: Path) -> list[Path]:
+    """``tmp/`` entries whose owning session is no longer alive."""
+    if not tmp.is_dir():
+        return []
+    folder = root / TEMPROOTS
+    return [p for p in sorted(tmp.iterdir()) if not is_held(folder / owner_of(p.name))]
