@@ -77,7 +77,8 @@ def make_plan(loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel]) -> P
         input_paths={e.row_name: e.path for e in series},
     )
     wheel = Step(
-        kind="wheel", implementation=kind_version("wheel"), name=f"{entry.name}-{entry.version}+q38",
+        kind="wheel", implementation=kind_version("wheel"),
+        name=f"{entry.name}-{entry.version}+q38",
         params={"name": entry.name, "version": entry.version, "package": "vllm"},
         deps=(("wheel", fetch), ("patched", patch)),
     )
