@@ -156,7 +156,7 @@ def realise(
                 if attempt == RETRIES:
                     raise
                 with store.lock(exc.digest):
-                    store.trusted(exc.digest)  # removes it unless its bytes hold after all
+                    store.drop_if_bad(exc.digest)  # unless another build replaced it
                 # the corrupt entry and whatever was made from it are made again
                 stale = {exc.digest} | {s.digest for s in steps if exc.digest in _closure(s)}
                 for digest in stale:

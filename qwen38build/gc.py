@@ -117,6 +117,7 @@ def collect(store: Store, *, dry_run: bool = False) -> Report:
                 report.problems.append(f"{p}: not removed ({exc})")
                 continue
             report.tmp_removed.append(p.name)
+        temproots.drop_stale_locks(store.locks)
     return report
 
 

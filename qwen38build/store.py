@@ -248,6 +248,12 @@ class Store:
             self.remove(digest)
         return None
 
+    def drop_if_bad(self, digest: str) -> None:
+        """Under the digest's lock: remove the entry unless every byte holds (re-hashed)."""
+        entry = self.lookup(digest)
+        if entry is None or entry.bad_outputs():
+            self.remove(digest)
+
     def revalidate(self, entry: Entry) -> bool:
         """After a failed cheap check: re-hash; if every byte holds, record the new stat.
 
@@ -286,11 +292,16 @@ class Store:
         return path
 
     def clean_tmp(self) -> list[str]:
-        """Remove ``tmp/`` work whose owner is dead (a killed build's); returns the names."""
+        """Remove what killed processes left: their ``tmp/`` work (returned by name), their
+        temporary-root files and their digest lock files."""
         dead = temproots.dead_tmp(self.root, self.tmp)
         for p in dead:
             with contextlib.suppress(OSError):  # another cleaner may be removing it too
                 remove_tree(p)
+        if temproots.has_dead(self.root):
+            with self.gc_lock():
+                temproots.live_sessions(self.root)  # unlinks the dead ones' files
+        temproots.drop_stale_locks(self.locks)
         return [p.name for p in dead]
 
     # -- writing -------------------------------------------------------------------------

@@ -162,6 +162,34 @@ def live_sessions(root: Path) -> dict[str, set[str]]:
     return out
 
 
+def has_dead(root: Path) -> bool:
+    """True if a temproot file of a dead session is left (cheap: no store lock)."""
+    folder = root / TEMPROOTS
+    return folder.is_dir() and any(not is_held(p) for p in folder.iterdir())
+
+
+def drop_stale_locks(locks: Path) -> list[str]:
+    """Remove digest lock files their (killed) holders left; each taken as a lock first."""
+    gone: list[str] = []
+    if not locks.is_dir():
+        return gone
+    for p in sorted(locks.iterdir()):
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.stat(p).st_ino == os.fstat(fd).st_ino:
+                os.unlink(p)  # as a holder releasing it would: waiters re-check the inode
+                gone.append(p.name)
+        except (BlockingIOError, FileNotFoundError):
+            pass
+        finally:
+            os.close(fd)
+    return gone
+
+
 def owner_of(tmp_name: str) -> str:
     """The session id a ``tmp/`` entry belongs to."""
     return tmp_name.split(".", 1)[0]
