@@ -85,6 +85,9 @@ def cmd_build(args: argparse.Namespace) -> int:
         wheel = _wheel_name(store, plan.build_hash)
         files, dirs = _read_by_build(loaded)
         fastpath.save(store.root, loaded.path, files, dirs, plan.build_hash, wheel)
+        from qwen38build.temproots import drop_dead_temps
+
+        drop_dead_temps(loaded.root, ".result.")  # a killed build's half-made link
         return report_build(store.root, plan.build_hash, wheel, loaded.root,
                             link=not args.no_link, as_json=args.json)
 

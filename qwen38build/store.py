@@ -302,7 +302,24 @@ class Store:
             with self.gc_lock():
                 temproots.live_sessions(self.root)  # unlinks the dead ones' files
         temproots.drop_stale_locks(self.locks)
+        self._drop_orphans()
+        for folder in (self.builds, self.roots, self.sources, self.auto_roots,
+                       self.root / "history", self.root / "fastpath"):
+            temproots.drop_dead_temps(folder)
         return [p.name for p in dead]
+
+    def _drop_orphans(self) -> None:
+        """Output folders a killed writer left without their record (none is ever read)."""
+        if not self.objects.is_dir():
+            return
+        names = set(os.listdir(self.objects))
+        for name in sorted(names):
+            if name.endswith(".json") or f"{name}.json" in names:
+                continue
+            with temproots.try_digest_lock(self.locks / f"{name}.lock") as got:
+                if got and not self.meta_path(name).exists():
+                    with contextlib.suppress(OSError):
+                        remove_tree(self.objects / name)
 
     # -- writing -------------------------------------------------------------------------
 

@@ -66,6 +66,49 @@ def digest_lock(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def try_digest_lock(path: Path) -> Iterator[bool]:
+    """Like digest_lock, without waiting: yields False (holding nothing) if it is taken."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            got = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except (BlockingIOError, FileNotFoundError):
+            got = False
+        try:
+            yield got
+        finally:
+            if got:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+    finally:
+        os.close(fd)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def drop_dead_temps(folder: Path, prefix: str = ".") -> None:
+    """Remove ``.<name>.<pid>.<random>.tmp`` files (atomic writes) of dead processes."""
+    if not folder.is_dir():
+        return
+    for p in folder.iterdir():
+        parts = p.name.split(".")
+        if p.name.startswith(prefix) and parts[-1] == "tmp" and len(parts) >= 5 and \
+                parts[-3].isdigit() and not pid_alive(int(parts[-3])):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+
+
 def is_held(path: Path) -> bool:
     """True if some live process holds flock on ``path`` (ours included)."""
     try:
