@@ -88,8 +88,13 @@ def cmd_build(args: argparse.Namespace) -> int:
         from qwen38build.temproots import drop_dead_temps
 
         drop_dead_temps(loaded.root, ".result.")  # a killed build's half-made link
-        return report_build(store.root, plan.build_hash, wheel, loaded.root,
+        code = report_build(store.root, plan.build_hash, wheel, loaded.root,
                             link=not args.no_link, as_json=args.json)
+        if code is None:  # cannot happen while this build's temporary roots hold it
+            from qwen38build.errors import StoreError
+
+            raise StoreError(f"build {plan.build_hash[:12]} left the store mid-build.")
+        return code
 
 
 def _read_by_build(loaded: LoadedRecipe) -> tuple[list[str], list[str]]:
@@ -135,11 +140,12 @@ def _wheel_name(store: Store, build_hash: str) -> str:
 
 def report_build(
     store_root: Path, build_hash: str, wheel: str, root: Path, *, link: bool, as_json: bool
-) -> int:
+) -> int | None:
     """Point ``result`` at the build (like Nix) and print its hash and wheel.
 
     The link is made under a temporary root on the build and registered as an indirect
-    root, so gc keeps what it points at and never leaves it dangling.
+    root, so gc keeps what it points at and never leaves it dangling. None (nothing linked
+    or printed) if gc took the build first: the no-op fast path then runs the full build.
     """
     out_dir = Path(os.path.abspath(store_root / "objects" / build_hash))
     if link:
@@ -149,10 +155,7 @@ def report_build(
         with store.hold() as session:
             session.add([build_hash])
             if not store.meta_path(build_hash).exists():
-                from qwen38build.errors import StoreError
-
-                raise StoreError(f"build {build_hash[:12]} left the store before ./result "
-                                 "could point at it.", hint="run the build again")
+                return None
             result = root / "result"
             atomic_symlink(out_dir, result)
             store.add_indirect_root(result)

@@ -137,7 +137,7 @@ def test_reproduce_refuses_a_record_from_other_code_honestly(
         monkeypatch: pytest.MonkeyPatch) -> None:
     assert project.run("build", "--json", "-q", "--no-link") == 0
     build = json.loads(capsys.readouterr().out)["build"]
-    import qwen38build.reproduce as reproduce
+    from qwen38build import reproduce
 
     # the patch kind's code changed since the build: its implementation hash is another
     monkeypatch.setattr(reproduce, "kind_version",
