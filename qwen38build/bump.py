@@ -228,7 +228,7 @@ def resolve_wheel(
             abi_tag=pin.abi_tag, platform_tag=pin.platform_tag, sha256=sha, size=size,
         )
 
-    found = _in_store(store, pin.name, version, filename, python, pin.platform_tag)
+    found = _in_store(store, filename)
     if found is not None:
         e = entry(*found)
         return e, workspace.wheel_in_store(loaded, store, e)
@@ -252,11 +252,9 @@ def resolve_wheel(
         return e, workspace.wheel_in_store(loaded, store, e, source_dirs=[Path(tmp)])
 
 
-def _in_store(
-    store: Store, name: str, version: str, filename: str, python: str, platform: str
-) -> tuple[str, int] | None:
-    want = {"name": name, "version": version, "filename": filename, "python": python,
-            "platform": platform}
+def _in_store(store: Store, filename: str) -> tuple[str, int] | None:
+    """(sha256, size) of a fetched ``filename`` in the store: a fetch is keyed by its file
+    name (which carries name, version and tags) and sha256 alone."""
     for digest in store.entries():
         try:
             meta = json.loads(store.meta_path(digest).read_bytes())
@@ -264,11 +262,12 @@ def _in_store(
             continue
         drv = meta.get("derivation", {})
         params = drv.get("params", {})
-        if drv.get("kind") != "fetch" or any(params.get(k) != v for k, v in want.items()):
+        if drv.get("kind") != "fetch" or params.get("filename") != filename:
             continue
-        if store.get(digest) is None:
+        entry = store.get(digest)
+        if entry is None:
             continue  # changed since written: not to be trusted
-        return str(params["sha256"]), int(params["size"])
+        return str(params["sha256"]), int(entry.outputs[filename]["size"])
     return None
 
 
