@@ -285,6 +285,7 @@ def _manifest(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
         raise UsageError(f"build {rec['build'][:12]} is not in the store any more.",
                          hint=f"run `qwen38build reproduce {rec['build'][:12]}` or rebuild")
     patched = next(s for s in rec["steps"] if s["derivation"]["kind"] == "patch")
+    store.verified(rec["build"], "manifest.json")  # the manifest's own bytes, re-hashed
     return read_manifest(out), store.objects / patched["digest"] / "tree"
 
 

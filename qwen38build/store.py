@@ -153,10 +153,13 @@ class Entry:
                 "not one.", hint="run `qwen38build store verify`, then rebuild")
         return self.path / names[0]
 
-    def bad_outputs(self) -> list[str]:
-        """Outputs whose bytes are not their recorded sha256 (each hashed once per stat)."""
+    def bad_outputs(self, only: str | None = None) -> list[str]:
+        """Outputs (or just ``only``) whose bytes are not their recorded sha256; each file
+        is hashed once per stat by this process."""
         bad = []
         for name, rec in self.outputs.items():
+            if only is not None and name != only:
+                continue
             p = self.path / name
             try:
                 st = os.lstat(p)
@@ -220,6 +223,18 @@ class Store:
         if not _well_formed(meta):
             return None
         return Entry(digest, self.objects / digest, meta)
+
+    def verified(self, digest: str, name: str) -> Path:
+        """The output ``name`` of entry ``digest``, its bytes re-hashed against the record."""
+        entry = self.lookup(digest)
+        if entry is None:
+            raise StoreError(f"store entry {digest[:12]} is missing or malformed.",
+                             hint="run `qwen38build store verify`, then rebuild")
+        path = entry.file(name)
+        bad = entry.bad_outputs(only=name)
+        if bad:
+            raise CorruptEntry(digest, bad)
+        return path
 
     def cheap_ok(self, entry: Entry) -> bool:
         return all(cheap_ok(rec, entry.path / name) for name, rec in entry.outputs.items())

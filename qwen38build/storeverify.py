@@ -38,13 +38,19 @@ def verify(store: Store) -> list[Finding]:
     found: list[Finding] = []
     if not store.objects.is_dir():
         return found
-    names = sorted(os.listdir(store.objects))
+    try:
+        names = sorted(os.listdir(store.objects))
+    except OSError as exc:
+        return [Finding("unreadable", str(store.objects), detail=str(exc))]
     records = {n.removesuffix(".json") for n in names if n.endswith(".json")}
     for name in names:
         if not name.endswith(".json") and name not in records:
             found.append(Finding("orphan", name, detail="output folder without a record"))
     for digest in sorted(records):
-        found += _entry(store, digest)
+        try:
+            found += _entry(store, digest)
+        except OSError as exc:  # a folder we may not read: named, never a crash
+            found.append(Finding("unreadable", digest, detail=str(exc)))
     return found
 
 

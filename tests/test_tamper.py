@@ -168,6 +168,23 @@ def test_apply_refuses_a_stored_file_edited_after_its_build(
     assert project.run("verify", str(site)) == 0
 
 
+def test_apply_refuses_an_edited_manifest(
+        project: Project, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Editing the manifest and the tree together would fool a tree check alone."""
+    first = _build(project, capsys)
+    site = _site(project, tmp_path / "site")
+    before = (site / "vllm" / "server.py").read_bytes()
+    manifest = Path(first["wheel"]).parent / "manifest.json"
+    os.chmod(manifest.parent, 0o755)
+    os.chmod(manifest, 0o644)
+    data = json.loads(manifest.read_text())
+    data["owned"]["server.py"]["patched"] = "0" * 64
+    manifest.write_text(json.dumps(data))
+    assert project.run("apply", str(site)) == 1
+    assert "manifest.json changed after it was written" in capsys.readouterr().err
+    assert (site / "vllm" / "server.py").read_bytes() == before
+
+
 @pytest.mark.parametrize("damage", ["mode", "symlink", "no-outputs", "bad-json", "wrong-types",
                                     "orphan", "missing"])
 def test_store_verify_names_each_kind_of_damage_and_the_build_repairs_it(
