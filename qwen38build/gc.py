@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from qwen38build import temproots
 from qwen38build.store import Store, remove_tree
@@ -94,31 +95,52 @@ def _stored(store: Store) -> set[str]:
 
 
 def collect(store: Store, *, dry_run: bool = False) -> Report:
+    """Remove what nothing alive reaches. The exclusive lock is held only to decide and to
+    move dead entries into gc's own ``tmp/`` space (renames); they are deleted after."""
     report = Report()
     if not store.root.is_dir():
         return report
-    with store.gc_lock():
-        tops = _rooted_builds(store, report, prune=not dry_run)
-        for digests in temproots.live_sessions(store.root).values():
-            tops |= digests
-        live = _closure(store, tops, report)
-        report.removed = sorted(_stored(store) - live)
-        if dry_run:
-            return report
-        for digest in report.removed:
-            try:
-                store.remove(digest)
-            except OSError as exc:
-                report.problems.append(f"{store.objects / digest}: not removed ({exc})")
-        for p in temproots.dead_tmp(store.root, store.tmp):
+    with store.hold() as session:  # made before the exclusive lock: it takes a shared one
+        trash: list[Path] = []
+        with store.gc_lock():
+            tops = _rooted_builds(store, report, prune=not dry_run)
+            for digests in temproots.live_sessions(store.root).values():
+                tops |= digests
+            live = _closure(store, tops, report)
+            report.removed = sorted(_stored(store) - live)
+            if dry_run:
+                return report
+            for digest in report.removed:
+                try:
+                    trash += _unlink_entry(store, session, digest)
+                except OSError as exc:
+                    report.problems.append(f"{store.objects / digest}: not removed ({exc})")
+            dead = temproots.dead_tmp(store.root, store.tmp)
+        for p in trash + dead:
             try:
                 remove_tree(p)
             except OSError as exc:
                 report.problems.append(f"{p}: not removed ({exc})")
                 continue
-            report.tmp_removed.append(p.name)
+            if p in dead:
+                report.tmp_removed.append(p.name)
         temproots.drop_stale_locks(store.locks)
     return report
+
+
+def _unlink_entry(store: Store, session: temproots.Session, digest: str) -> list[Path]:
+    """Drop ``digest``'s record, then move its folder into gc's tmp space (a rename)."""
+    with contextlib.suppress(FileNotFoundError):
+        store.meta_path(digest).unlink()
+    folder = store.objects / digest
+    if not (folder.exists() or folder.is_symlink()):
+        return []
+    store.tmp.mkdir(parents=True, exist_ok=True)
+    moved = store.tmp / f"{session.id}.gc.{digest[:12]}.{os.urandom(4).hex()}"
+    if not folder.is_symlink():
+        os.chmod(folder, 0o755)  # moving a folder to another parent rewrites its ".."
+    folder.rename(moved)
+    return [moved]
 
 
 def live_digests(store: Store) -> set[str]:
