@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -60,8 +61,9 @@ class Context:
     source_dirs: list[Path] = field(default_factory=list)
     # sha256 of output files the step hashed while writing them, by relative path.
     hashed: dict[str, str] = field(default_factory=dict)
-    # dependencies' entries the step read: fully re-hashed before its output is committed.
-    used: dict[str, Entry] = field(default_factory=dict)
+    # dependencies' entries the step read, each being re-hashed on a thread while the step
+    # runs (hashlib releases the GIL); checked before the step's output is committed.
+    used: dict[str, _Check] = field(default_factory=dict)
 
     def report(self, message: str) -> None:
         self.reporter.note(self.step, message)
@@ -90,13 +92,14 @@ class Context:
         entry = self.store.get(dep.digest)
         if entry is None:
             raise CorruptEntry(dep.digest, ["its outputs"])
-        self.used[dep.digest] = entry
+        if dep.digest not in self.used:
+            self.used[dep.digest] = _Check(entry)
         return entry
 
     def check_used(self) -> None:
         """Raise CorruptEntry if any dependency output read by the step changed."""
-        for digest, entry in self.used.items():
-            bad = entry.bad_outputs()
+        for digest, check in self.used.items():
+            bad = check.result()
             if bad:
                 raise CorruptEntry(digest, bad)
 
@@ -113,6 +116,29 @@ class Context:
             p = d / filename
             if p.is_file():
                 yield p
+
+
+class _Check:
+    """An entry's full re-hash, started now on a daemon thread (a failed step's exit does
+    not wait for it)."""
+
+    def __init__(self, entry: Entry) -> None:
+        self._bad: list[str] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(entry,), daemon=True)
+        self._thread.start()
+
+    def _run(self, entry: Entry) -> None:
+        try:
+            self._bad = entry.bad_outputs()
+        except BaseException as exc:  # handed to the caller of result()
+            self._error = exc
+
+    def result(self) -> list[str]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._bad or []
 
 
 @dataclass(frozen=True)
