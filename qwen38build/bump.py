@@ -641,9 +641,9 @@ def repin(loaded: LoadedRecipe, entry: lockmod.LockedWheel) -> None:
     new_text = tomlkit.dumps(doc)
     validate(tomlkit.parse(new_text).unwrap(), loaded.path)
     others = [e for n, e in lockmod.read(loaded.root).items() if n != entry.name]
-    tmp = loaded.path.with_name(f".{loaded.path.name}.tmp")
-    tmp.write_text(new_text, encoding="utf-8")
-    tmp.replace(loaded.path)
+    from qwen38build.store import atomic_write
+
+    atomic_write(loaded.path, new_text.encode("utf-8"))
     lockmod.write(loaded.root, [*others, entry])
 
 
