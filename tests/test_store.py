@@ -152,3 +152,20 @@ def test_reproduce_refuses_a_record_from_other_code_honestly(
     path.write_text(json.dumps(record))
     assert project.run("reproduce", build[:12]) == 2
     assert "recorded by an older qwen38build" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arg", ["******", "8f64f?", "../../../etc/passwd", "abc", "ABCDEF12"])
+def test_a_build_hash_argument_is_hex_never_a_glob_or_a_path(
+        project: Project, capsys: pytest.CaptureFixture[str], arg: str) -> None:
+    assert project.run("reproduce", arg) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err and "8 to 64" in err
+
+
+def test_a_malformed_build_record_is_a_clean_error(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    assert project.run("build", "--json", "-q", "--no-link") == 0
+    build = json.loads(capsys.readouterr().out)["build"]
+    (Store(project.store).builds / f"{build}.json").write_text("{torn")
+    assert project.run("reproduce", build[:12]) == 1
+    assert "malformed build record" in capsys.readouterr().err
