@@ -1,10 +1,11 @@
 """store verify: re-hash every entry and name everything that is not as written.
 
 Reports, by entry and file: ``changed`` (bytes differ from the record), ``missing``,
-``symlink`` (an output replaced by a link), ``not-a-file``, ``mode`` (not read-only as
-sealed), ``stray`` (a file no record names: never used, but not ours), ``malformed`` (a
-record that is not JSON, lacks ``outputs``, or has wrong types) and ``orphan`` (an output
-folder without a record). Never raises for what it finds in the store.
+``symlink`` (an output replaced by a link), ``not-a-file``, ``mode`` (a file or folder not
+read-only as sealed), ``stray`` (a file no record names: never used, but not ours),
+``malformed`` (a record that is not JSON, lacks ``outputs``, or has wrong types),
+``orphan`` (an output folder without a record) and ``unreadable``. Never raises for what
+it finds in the store.
 """
 
 from __future__ import annotations
@@ -92,6 +93,11 @@ def _entry(store: Store, digest: str) -> list[Finding]:
     if folder.is_dir() and not folder.is_symlink():
         for dirpath, dirnames, filenames in os.walk(folder):
             dirnames.sort()
+            dmode = stat.S_IMODE(os.lstat(dirpath).st_mode)
+            if dmode != 0o555:
+                rel = os.path.relpath(dirpath, folder).replace(os.sep, "/")
+                found.append(Finding("mode", digest, "" if rel == "." else rel + "/",
+                                     f"folder {dmode:o}, sealed 555"))
             for f in sorted(filenames + [d for d in dirnames
                                          if os.path.islink(os.path.join(dirpath, d))]):
                 rel = os.path.relpath(os.path.join(dirpath, f), folder).replace(os.sep, "/")
