@@ -18,7 +18,9 @@ def run(ctx: Context) -> None:
         dest = package / name
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ctx.input_path(name), dest)
+    # the cubins by their recorded names, never a listing: a stray file is not an output
     kernels = sorted(
-        p for dep, _ in ctx.step.deps for p in ctx.dep_entry(dep).path.iterdir()
+        entry.file(name) for entry in (ctx.dep_entry(dep) for dep, _ in ctx.step.deps)
+        for name in entry.outputs
     )
     write_pthfa_wheel(package, kernels, ctx.out, str(ctx.step.params["version"]))
