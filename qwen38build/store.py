@@ -239,14 +239,6 @@ class Store:
     def cheap_ok(self, entry: Entry) -> bool:
         return all(cheap_ok(rec, entry.path / name) for name, rec in entry.outputs.items())
 
-    def changed_files(self, entry: Entry, *, rehash: bool) -> list[str]:
-        """Names of output files that differ from what was written (by stat, or by hash)."""
-        if rehash:
-            return [n for n, rec in entry.outputs.items()
-                    if not (entry.path / n).is_file() or (entry.path / n).is_symlink()
-                    or sha256_file(entry.path / n) != rec["sha256"]]
-        return [n for n, rec in entry.outputs.items() if not cheap_ok(rec, entry.path / n)]
-
     def entries(self) -> Iterator[str]:
         if not self.objects.is_dir():
             return
@@ -279,8 +271,9 @@ class Store:
             return False
         for name, rec in entry.outputs.items():
             st = os.lstat(entry.path / name)
-            if stat.S_IMODE(st.st_mode) not in (0o444, 0o555):
-                return False
+            mode = stat.S_IMODE(st.st_mode)
+            if mode != rec.get("mode", mode) or mode not in (0o444, 0o555):
+                return False  # a mode change (the exec bit) changes what the output is
             rec.update(stat_record(st))
         atomic_write(self.meta_path(entry.digest),
                      json.dumps(entry.meta, indent=1, sort_keys=True).encode())
