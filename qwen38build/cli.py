@@ -149,16 +149,10 @@ def report_build(
     """
     out_dir = Path(os.path.abspath(store_root / "objects" / build_hash))
     if link:
-        from qwen38build.store import Store, atomic_symlink
+        from qwen38build.store import Store
 
-        store = Store(store_root)
-        with store.hold() as session:
-            session.add([build_hash])
-            if not store.meta_path(build_hash).exists():
-                return None
-            result = root / "result"
-            atomic_symlink(out_dir, result)
-            store.add_indirect_root(result)
+        if not Store(store_root).link_result(build_hash, root / "result"):
+            return None
     if as_json:
         import json
 

@@ -21,6 +21,7 @@ set back) and is fully re-hashed before anything derived from it is committed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import stat
@@ -407,6 +408,34 @@ class Store:
         atomic_write(path, json.dumps(value, indent=1, sort_keys=True).encode())
 
     # -- roots ---------------------------------------------------------------------------
+
+    def link_result(self, digest: str, link: Path) -> bool:
+        """Point the symlink ``link`` at entry ``digest`` and make it an indirect root.
+
+        Done under a temporary root on ``digest``, so gc cannot take it in between; False
+        (nothing linked) if it is already gone. A store we may not write (a shared read-only
+        cache) cannot be collected by us and takes no roots: the link is made alone.
+        """
+        target = Path(os.path.abspath(self.objects / digest))
+        try:
+            session_cm = self.hold()
+            session = session_cm.__enter__()
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+            if not self.meta_path(digest).exists():
+                return False
+            atomic_symlink(target, link)
+            return True
+        try:
+            session.add([digest])
+            if not self.meta_path(digest).exists():
+                return False
+            atomic_symlink(target, link)
+            self.add_indirect_root(link)
+            return True
+        finally:
+            session_cm.__exit__(None, None, None)
 
     def add_indirect_root(self, link: Path) -> None:
         """Let gc keep what the symlink ``link`` (a project's ``result``) points at."""

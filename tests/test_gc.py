@@ -157,3 +157,22 @@ def test_no_lock_files_are_left_after_failed_or_good_steps(
     store = Store(project.store)
     assert list(store.locks.iterdir()) == []
     assert list(store.tmp.iterdir()) == []
+
+
+def test_a_store_we_may_not_write_still_gets_its_result_link(
+        project: Project, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shared read-only cache takes no roots from us (we cannot collect it either)."""
+    import errno
+
+    from qwen38build import temproots
+
+    build = _build(project, capsys, "--no-link")
+
+    def refused(root: Path) -> None:
+        raise PermissionError(errno.EROFS, "Read-only file system", str(root))
+
+    monkeypatch.setattr(temproots, "Session", refused)
+    assert Store(project.store).link_result(build, project.root / "result")
+    assert os.readlink(project.root / "result").endswith(build)
+    assert not Store(project.store).auto_roots.exists()
