@@ -59,6 +59,8 @@ class Result:
                 lines.append("    " + d.diffoscope.replace("\n", "\n    "))
         if self.kept:
             lines.append(f"  rebuilt store kept at {self.kept}")
+        else:
+            lines.append("  (run again with --keep to keep the rebuilt store)")
         return "\n".join(lines)
 
 
@@ -106,7 +108,9 @@ def reproduce(store: Store, build_hash: str, reporter: Reporter, *, keep: bool =
         result.ok = not result.differences
         return result
     finally:
-        if keep or not result.ok:
+        # Kept only on request: a failed comparison is already described above, and an
+        # unasked-for store left in the temp dir is nobody's to clean.
+        if keep:
             result.kept = str(fresh.root)
         else:
             remove_tree(tmp)
