@@ -18,10 +18,10 @@ Standard library only: the no-op build takes a temporary root for the build it l
 
 from __future__ import annotations
 
+import _thread  # not threading: this module is on the no-op path, _thread is built in
 import contextlib
 import fcntl
 import os
-import threading
 from pathlib import Path
 
 TYPE_CHECKING = False
@@ -134,7 +134,7 @@ class Session:
         self.digests: set[str] = set()
         self.depth = 0
         self.cleaned = False  # dead sessions' tmp/ work removed once per session
-        self._mutex = threading.Lock()
+        self._mutex = _thread.allocate_lock()
         with flocked(root / GC_LOCK, shared=True):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND,
@@ -158,7 +158,7 @@ class Session:
 
 
 _SESSIONS: dict[str, Session] = {}
-_GUARD = threading.Lock()
+_GUARD = _thread.allocate_lock()
 
 
 @contextlib.contextmanager
