@@ -62,8 +62,8 @@ def _closure(store: Store, tops: set[str], report: Report) -> set[str]:
     todo = list(tops)
     while todo:
         digest = todo.pop()
-        if digest in live:
-            continue
+        if digest in live or not _is_digest(digest):
+            continue  # a name that is no digest never reaches a path
         live.add(digest)
         try:
             meta = json.loads(store.meta_path(digest).read_bytes())
@@ -76,6 +76,10 @@ def _closure(store: Store, tops: set[str], report: Report) -> set[str]:
             deps = []
         todo.extend(d for d in deps if isinstance(d, str))
     return live
+
+
+def _is_digest(value: str) -> bool:
+    return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 def _recorded_steps(store: Store, build: str) -> list[str]:
