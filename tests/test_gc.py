@@ -176,3 +176,48 @@ def test_a_store_we_may_not_write_still_gets_its_result_link(
     assert Store(project.store).link_result(build, project.root / "result")
     assert os.readlink(project.root / "result").endswith(build)
     assert not Store(project.store).auto_roots.exists()
+
+
+PAUSED_BUILD = """
+import sys, time
+from pathlib import Path
+from qwen38build.steps import wheel
+real = wheel.run
+def paused(ctx):
+    print("in-step", flush=True)
+    while not Path(sys.argv[1]).exists():
+        time.sleep(0.01)
+    real(ctx)
+wheel.run = paused
+from qwen38build.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_gc_in_the_middle_of_another_processs_step_takes_nothing_it_uses(
+        project: Project) -> None:
+    """A build stopped inside its wheel step (its fetch and patch entries made but not yet
+    rooted, its scratch and output dirs in tmp/) while `gc` runs in another process."""
+    store = Store(project.store)
+    go = project.tmp / "go"
+    env = {**os.environ, "QWEN38BUILD_SOURCES": str(project.wheels)}
+    build = subprocess.Popen(
+        [sys.executable, "-c", PAUSED_BUILD, str(go), "--recipe",
+         str(project.root / "recipe.toml"), "--store", str(store.root), "build", "--json"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert build.stdout is not None
+    assert build.stdout.readline().strip() == "in-step"
+    work = sorted(p.name for p in store.tmp.iterdir())
+    assert work  # the step's scratch and output dirs
+    gc = subprocess.run([sys.executable, "-m", "qwen38build", "--store", str(store.root), "gc"],
+                        cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    assert gc.returncode == 0 and gc.stdout.strip() == "nothing to remove", gc.stdout
+    assert sorted(p.name for p in store.tmp.iterdir()) == work
+    go.touch()
+    out, err = build.communicate()
+    assert build.returncode == 0, err
+    result = project.root / "result"
+    assert os.readlink(result).endswith(json.loads(out)["build"])
+    assert (result / "manifest.json").is_file()
+    assert collect(store).removed == []  # now rooted by roots/ and ./result
+    assert project.run("store", "verify") == 0
