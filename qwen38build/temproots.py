@@ -2,13 +2,14 @@
 
 Nix's protocol, with flock(2), whose locks die with their process (a SIGKILL included):
 
-- ``gc.lock``: gc holds it exclusively while it decides and deletes; a process takes it
-  shared only for the moment it adds digests to its temporary roots. So a digest added
-  before a lookup is never collected after it, and gc never sees half a registration.
+- ``gc.lock``: gc holds it exclusively while it decides and moves dead entries aside; a
+  process takes it shared only for the moment it creates its session or adds digests to
+  its temporary roots. So a digest added before a lookup is never collected after it, and
+  gc never sees half a registration.
 - ``temproots/<id>``: one file per live session, flocked by its owner for its lifetime,
   listing the digests it has made or is using. A file nobody holds belongs to a dead process.
-- ``tmp/<id>.<random>``: work dirs of session ``<id>``; removed by anyone (gc or the next
-  build) once that session's temproot is unlocked or gone.
+- ``tmp/<id>.<label>.<random>``: work dirs of session ``<id>``; removed by anyone (gc or
+  the next build) once that session's temproot is unlocked or gone.
 - ``locks/<digest>.lock``: one builder per digest. The file is unlinked under the lock
   when released, and an acquirer checks the inode it locked is still the file's, so no
   lock file outlives its step.
