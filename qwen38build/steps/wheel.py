@@ -35,8 +35,8 @@ def run(ctx: Context) -> None:
     p = ctx.step.params
     name, version, package = str(p["name"]), str(p["version"]), str(p["package"])
     pristine = ctx.dep_entry("wheel").the_output(".whl")
-    applied = ctx.dep_entry("patched").path
-    report = patch_step.read_report(applied)
+    applied = ctx.dep_entry("patched")  # read by recorded names only, like every dep
+    report = patch_step.read_report(applied.file(patch_step.REPORT).parent)
     new_version = local_version(version, ctx.step.digest)
     tags = pristine.name[len(f"{name}-{version}-") : -len(".whl")]
     out_name = f"{name}-{new_version}-{tags}.whl"
@@ -50,7 +50,7 @@ def run(ctx: Context) -> None:
             if rec["pristine"] is not None:
                 delete.add(member)
         else:
-            replace[member] = (applied / patch_step.TREE / rel).read_bytes()
+            replace[member] = applied.file(f"{patch_step.TREE}/{rel}").read_bytes()
 
     ctx.report(f"writing {out_name}")
     pw = PatchedWheel(pristine, dist_info, new_dist_info)
