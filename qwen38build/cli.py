@@ -406,12 +406,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_store_verify(args: argparse.Namespace) -> int:
-    from qwen38build.storeverify import verify
+    from qwen38build.storeverify import damage, verify
 
     found = verify(open_store(args))
-    emit(args, {"ok": not found, "findings": [f.as_json() for f in found]},
-         "\n".join(map(str, found)) or "every store entry is intact")
-    return ExitCode.FAILED if found else ExitCode.OK
+    bad = damage(found)
+    lines = [*map(str, found), *([] if bad else ["every store entry is intact"])]
+    emit(args, {"ok": not bad, "findings": [f.as_json() for f in found]}, "\n".join(lines))
+    return ExitCode.FAILED if bad else ExitCode.OK
 
 
 # -- lint, table ------------------------------------------------------------------------

@@ -374,8 +374,10 @@ class Store:
             raise StoreError(f"store entry {digest} exists; the store never overwrites.")
         if final.exists() or final.is_symlink():  # an orphan of a crash before its metadata
             remove_tree(final)
-        out.rename(final)  # a directory's rename leaves its files' inodes and ctimes alone
-        _fsync_dir(self.objects)
+        # Two renames back to back, the record last: the folder's rename leaves its files'
+        # inodes and ctimes alone; one fsync covers both (a record whose folder a power
+        # cut lost fails the stat check and is rebuilt).
+        out.rename(final)
         meta_tmp.rename(self.meta_path(digest))
         _fsync_dir(self.objects)
         for name in outputs:

@@ -4,8 +4,9 @@ Reports, by entry and file: ``changed`` (bytes differ from the record), ``missin
 ``symlink`` (an output replaced by a link), ``not-a-file``, ``mode`` (a file or folder not
 read-only as sealed), ``stray`` (a file no record names: never used, but not ours),
 ``malformed`` (a record that is not JSON, lacks ``outputs``, or has wrong types),
-``orphan`` (an output folder without a record) and ``unreadable``. Never raises for what
-it finds in the store.
+and ``unreadable``; and, as a ``leftover`` that is no damage, an output folder without a
+record (a writer killed between its two renames: never read, removed by the next build or
+gc). Never raises for what it finds in the store.
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ from dataclasses import dataclass
 
 from qwen38build.digest import sha256_file
 from qwen38build.store import Store, _well_formed
+
+LEFTOVER = "leftover"
+
+
+def damage(found: list[Finding]) -> list[Finding]:
+    """The findings that mean a committed entry is not as written (leftovers are not)."""
+    return [f for f in found if f.kind != LEFTOVER]
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,8 @@ def verify(store: Store) -> list[Finding]:
     records = {n.removesuffix(".json") for n in names if n.endswith(".json")}
     for name in names:
         if not name.endswith(".json") and name not in records:
-            found.append(Finding("orphan", name, detail="output folder without a record"))
+            found.append(Finding(LEFTOVER, name, detail="output folder without a record, "
+                                 "left by a killed build; the next build or gc removes it"))
     for digest in sorted(records):
         try:
             found += _entry(store, digest)
