@@ -298,7 +298,7 @@ def resolve_wheel(
             abi_tag=pin.abi_tag, platform_tag=pin.platform_tag, sha256=sha, size=size,
         )
 
-    found = _in_store(store, pin.name, version, filename, python, pin.platform_tag)
+    found = _in_store(store, filename)
     if found is not None:
         e = entry(*found)
         return e, workspace.wheel_in_store(loaded, store, e)
@@ -322,11 +322,9 @@ def resolve_wheel(
         return e, workspace.wheel_in_store(loaded, store, e, source_dirs=[Path(tmp)])
 
 
-def _in_store(
-    store: Store, name: str, version: str, filename: str, python: str, platform: str
-) -> tuple[str, int] | None:
-    want = {"name": name, "version": version, "filename": filename, "python": python,
-            "platform": platform}
+def _in_store(store: Store, filename: str) -> tuple[str, int] | None:
+    """(sha256, size) of a fetched ``filename`` in the store: a fetch is keyed by its file
+    name (which carries name, version and tags) and sha256 alone."""
     for digest in store.entries():
         try:
             meta = json.loads(store.meta_path(digest).read_bytes())
@@ -334,11 +332,12 @@ def _in_store(
             continue
         drv = meta.get("derivation", {})
         params = drv.get("params", {})
-        if drv.get("kind") != "fetch" or any(params.get(k) != v for k, v in want.items()):
+        if drv.get("kind") != "fetch" or params.get("filename") != filename:
             continue
-        if store.get(digest) is None:
+        entry = store.get(digest)
+        if entry is None:
             continue  # changed since written: not to be trusted
-        return str(params["sha256"]), int(params["size"])
+        return str(params["sha256"]), int(entry.outputs[filename]["size"])
     return None
 
 
@@ -734,9 +733,9 @@ def repin(loaded: LoadedRecipe, entry: lockmod.LockedWheel, *, torch: str | None
     new_text = tomlkit.dumps(doc)
     validate(tomlkit.parse(new_text).unwrap(), loaded.path)
     others = [e for n, e in lockmod.read(loaded.root).items() if n != entry.name]
-    tmp = loaded.path.with_name(f".{loaded.path.name}.tmp")
-    tmp.write_text(new_text, encoding="utf-8")
-    tmp.replace(loaded.path)
+    from qwen38build.store import atomic_write
+
+    atomic_write(loaded.path, new_text.encode("utf-8"))
     lockmod.write(loaded.root, [*others, entry])
 
 

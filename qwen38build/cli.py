@@ -68,8 +68,10 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     store = open_store(args)
     recipe_dir = os.path.dirname(os.path.realpath(args.recipe))
-    # Every project file read from here on is an input of the no-op's key.
-    with Collector(recipe_dir, (*default_excludes(), str(store.root))) as reads:
+    # Every project file read from here on is an input of the no-op's key. One store
+    # session for the whole build: its temporary roots keep everything it makes or uses
+    # from gc until the record, the root and ./result are in place.
+    with Collector(recipe_dir, (*default_excludes(), str(store.root))) as reads, store.hold():
         loaded = load_recipe(args)
         plan = load_plan(loaded)  # checks the lock first: a stale lock is bad input (exit 2)
         reporter = make_reporter(quiet=args.quiet)
@@ -82,12 +84,20 @@ def cmd_build(args: argparse.Namespace) -> int:
                 print(f"lint: {f}", file=sys.stderr)
             raise _lint_failed(len(findings))
         outcomes = realise([plan.top], store, reporter)
-    record.write_build(store, plan.top, outcomes, root_name=_root_name(loaded))
-    wheel = _wheel_name(store, plan.build_hash)
-    files, dirs = reads.inputs()
-    fastpath.save(store.root, loaded.path, files, dirs, plan.build_hash, wheel)
-    return report_build(store.root, plan.build_hash, wheel, loaded.root,
-                        link=not args.no_link, as_json=args.json)
+        record.write_build(store, plan.top, outcomes, root_name=_root_name(loaded))
+        wheel = _wheel_name(store, plan.build_hash)
+        files, dirs = reads.inputs()
+        fastpath.save(store.root, loaded.path, files, dirs, plan.build_hash, wheel)
+        from qwen38build.temproots import drop_dead_temps
+
+        drop_dead_temps(loaded.root, ".result.")  # a killed build's half-made link
+        code = report_build(store.root, plan.build_hash, wheel, loaded.root,
+                            link=not args.no_link, as_json=args.json)
+        if code is None:  # cannot happen while this build's temporary roots hold it
+            from qwen38build.errors import StoreError
+
+            raise StoreError(f"build {plan.build_hash[:12]} left the store mid-build.")
+        return code
 
 
 def _pristine_wheel(store: Store, plan: Plan) -> Path | None:
@@ -121,15 +131,19 @@ def _wheel_name(store: Store, build_hash: str) -> str:
 
 def report_build(
     store_root: Path, build_hash: str, wheel: str, root: Path, *, link: bool, as_json: bool
-) -> int:
-    """Point ``result`` at the build (like Nix) and print its hash and wheel."""
-    out_dir = store_root / "objects" / build_hash
+) -> int | None:
+    """Point ``result`` at the build (like Nix) and print its hash and wheel.
+
+    The link is made under a temporary root on the build and registered as an indirect
+    root, so gc keeps what it points at and never leaves it dangling. None (nothing linked
+    or printed) if gc took the build first: the no-op fast path then runs the full build.
+    """
+    out_dir = Path(os.path.abspath(store_root / "objects" / build_hash))
     if link:
-        tmp = root / ".result.tmp"
-        if tmp.is_symlink() or tmp.exists():
-            tmp.unlink()
-        tmp.symlink_to(out_dir)
-        os.replace(tmp, root / "result")
+        from qwen38build.store import Store
+
+        if not Store(store_root).link_result(build_hash, root / "result"):
+            return None
     if as_json:
         import json
 
@@ -276,6 +290,7 @@ def _manifest(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
         raise UsageError(f"build {rec['build'][:12]} is not in the store any more.",
                          hint=f"run `qwen38build reproduce {rec['build'][:12]}` or rebuild")
     patched = next(s for s in rec["steps"] if s["derivation"]["kind"] == "patch")
+    store.verified(rec["build"], "manifest.json")  # the manifest's own bytes, re-hashed
     return read_manifest(out), store.objects / patched["digest"] / "tree"
 
 
@@ -405,21 +420,23 @@ def cmd_ci_matrix(args: argparse.Namespace) -> int:
 def cmd_gc(args: argparse.Namespace) -> int:
     from qwen38build.gc import collect
 
-    removed = collect(open_store(args), dry_run=args.dry_run)
+    report = collect(open_store(args), dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
-    print("\n".join(f"{verb} {d}" for d in removed) or "nothing to remove")
+    lines = [f"{verb} {d}" for d in report.removed]
+    lines += [f"removed tmp/{t} (its owner is dead)" for t in report.tmp_removed]
+    print("\n".join(lines) or "nothing to remove")
+    for problem in report.problems:
+        print(f"warning: {problem}", file=sys.stderr)
     return ExitCode.OK
 
 
 def cmd_store_verify(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    bad = []
-    for digest in store.entries():
-        entry = store.lookup(digest)
-        assert entry is not None
-        for name in store.changed_files(entry, rehash=True):
-            bad.append(f"{digest}/{name}")
-    print("\n".join(f"changed: {b}" for b in bad) or "every store entry is intact")
+    from qwen38build.storeverify import damage, verify
+
+    found = verify(open_store(args))
+    bad = damage(found)
+    lines = [*map(str, found), *([] if bad else ["every store entry is intact"])]
+    emit(args, {"ok": not bad, "findings": [f.as_json() for f in found]}, "\n".join(lines))
     return ExitCode.FAILED if bad else ExitCode.OK
 
 
@@ -574,8 +591,9 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--dry-run", action="store_true")
     st = add("store", None, "store maintenance")
     st_sub = st.add_subparsers(dest="store_command", required=True, metavar="WHAT")
-    st_sub.add_parser("verify", help="re-hash every entry; name any that changed"
-                      ).set_defaults(func=cmd_store_verify)
+    sv = st_sub.add_parser("verify", help="re-hash every entry; name any that changed")
+    sv.set_defaults(func=cmd_store_verify)
+    sv.add_argument("--json", action="store_true", help="machine-readable output")
     add("lint", cmd_lint, "check the series against the ledger's rules")
     t = add("table", cmd_table, "write PATCHES.md's table from the patch headers")
     t.add_argument("--check", action="store_true", help="fail with a diff when stale")

@@ -1,15 +1,18 @@
 """Realise steps: a store hit, or run the step's kind and commit its output.
 
-Each step is built under its digest's file lock, so concurrent builds run a step once and
-the others find it in the store. A step whose committed output changed on disk (found by
-stat) is removed and rebuilt, never used.
+Every digest of the closure is made a temporary root before it is looked up, so gc leaves
+it alone. Each step is built under its digest's lock, so concurrent builds run a step once
+and the others find it in the store. A committed output whose stat moved is re-hashed: kept
+if its bytes hold, else removed and rebuilt. The outputs of dependencies a step used are
+fully re-hashed before its own output is committed; if one changed, it is removed, rebuilt
+(or refetched) and the step runs again, so bad bytes are never passed on.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -20,7 +23,7 @@ from qwen38build.digest import sha256_file
 from qwen38build.errors import InputError, StoreError
 from qwen38build.report import Reporter
 from qwen38build.step import Step, walk
-from qwen38build.store import Entry, Store
+from qwen38build.store import CorruptEntry, Entry, Store, remove_tree
 
 KINDS = {
     "fetch": "qwen38build.steps.fetch",
@@ -39,9 +42,11 @@ def kind_module(kind: str) -> ModuleType:
         raise InputError(f"unknown step kind {kind!r}.") from None
 
 
-def kind_version(kind: str) -> int:
-    version: int = kind_module(kind).VERSION
-    return version
+def kind_version(kind: str) -> str:
+    """The kind's implementation value (see qwen38build.steps); kept under its old name."""
+    from qwen38build.steps import implementation
+
+    return implementation(kind)
 
 
 @dataclass
@@ -57,6 +62,9 @@ class Context:
     source_dirs: list[Path] = field(default_factory=list)
     # sha256 of output files the step hashed while writing them, by relative path.
     hashed: dict[str, str] = field(default_factory=dict)
+    # dependencies' entries the step read, each being re-hashed on a thread while the step
+    # runs (hashlib releases the GIL); checked before the step's output is committed.
+    used: dict[str, _Check] = field(default_factory=dict)
 
     def report(self, message: str) -> None:
         self.reporter.note(self.step, message)
@@ -80,23 +88,58 @@ class Context:
         return path
 
     def dep_entry(self, name: str) -> Entry:
+        """A dependency's entry; its outputs are re-hashed before this step commits."""
         dep = self.step.dep(name)
         entry = self.store.get(dep.digest)
         if entry is None:
-            raise StoreError(f"{dep.name} ({dep.short}) vanished from the store mid-build.")
+            raise CorruptEntry(dep.digest, ["its outputs"])
+        if dep.digest not in self.used:
+            self.used[dep.digest] = _Check(entry)
         return entry
 
+    def check_used(self) -> None:
+        """Raise CorruptEntry if any dependency output read by the step changed."""
+        for digest, check in self.used.items():
+            bad = check.result()
+            if bad:
+                raise CorruptEntry(digest, bad)
+
     def source_candidates(self, sha256: str, filename: str) -> Iterable[Path]:
-        """Files that may hold a fixed output already; each is checked while copied."""
+        """Files that may hold a fixed output already; each is checked while copied.
+
+        Any entry of a known store recording an output ``filename`` with this sha256 will
+        do (a fixed output is its bytes, whichever step fetched it), then source folders.
+        """
         for st in (self.store, *self.source_stores):
-            entry = st.lookup(self.step.digest)
-            if entry is not None and (entry.path / filename).is_file():
-                yield entry.path / filename
+            yield from _outputs_named(st, filename, sha256)
         env_dirs = filter(None, os.environ.get("QWEN38BUILD_SOURCES", "").split(os.pathsep))
         for d in (*self.source_dirs, *map(Path, env_dirs)):
             p = d / filename
             if p.is_file():
                 yield p
+
+
+class _Check:
+    """An entry's full re-hash, started now on a daemon thread (a failed step's exit does
+    not wait for it)."""
+
+    def __init__(self, entry: Entry) -> None:
+        self._bad: list[str] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(entry,), daemon=True)
+        self._thread.start()
+
+    def _run(self, entry: Entry) -> None:
+        try:
+            self._bad = entry.bad_outputs()
+        except BaseException as exc:  # handed to the caller of result()
+            self._error = exc
+
+    def result(self) -> list[str]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._bad or []
 
 
 @dataclass(frozen=True)
@@ -118,29 +161,77 @@ def realise(
 ) -> dict[str, Outcome]:
     """Make every step of the closure of ``tops`` present in ``store``; by digest."""
     steps = list(walk(tops))
-    outcomes: dict[str, Outcome] = {}
-    reporter.start(len(steps))
-    for index, step in enumerate(steps, 1):
-        t0 = time.perf_counter()
-        entry = store.get(step.digest)
-        built = False
-        if entry is None:
-            reporter.step_start(step, index, len(steps))
-            with store.lock(step.digest):
-                entry = store.get(step.digest)  # another build may have made it meanwhile
-                if entry is None:
-                    if store.lookup(step.digest) is not None:
-                        reporter.note(step, "its store entry changed since written; rebuilding")
-                        store.remove(step.digest)
-                    entry = _build(step, store, reporter, source_stores or [], source_dirs or [])
-                    built = True
-        outcome = Outcome(step, entry, built, time.perf_counter() - t0)
-        outcomes[step.digest] = outcome
-        reporter.step_done(step, index, len(steps), built=built, seconds=outcome.seconds)
-        if on_done:
-            on_done(outcome)
-    reporter.finish()
-    return outcomes
+    with store.hold() as session:
+        session.add(s.digest for s in steps)  # roots first, then look: gc keeps them
+        if not session.cleaned:
+            session.cleaned = True
+            store.clean_tmp()  # a killed build's temp space goes with the next build
+        reporter.start(len(steps))
+        outcomes: dict[str, Outcome] = {}
+        for attempt in range(1, RETRIES + 1):
+            try:
+                for index, step in enumerate(steps, 1):
+                    if step.digest in outcomes:
+                        continue
+                    outcome = _realise_one(step, index, len(steps), store, reporter,
+                                           source_stores or [], source_dirs or [])
+                    outcomes[step.digest] = outcome
+                    if on_done:
+                        on_done(outcome)
+                break
+            except CorruptEntry as exc:
+                if attempt == RETRIES:
+                    raise
+                with store.lock(exc.digest):
+                    store.drop_if_bad(exc.digest)  # unless another build replaced it
+                # the corrupt entry and whatever was made from it are made again
+                stale = {exc.digest} | {s.digest for s in steps if exc.digest in _closure(s)}
+                for digest in stale:
+                    outcomes.pop(digest, None)
+        reporter.finish()
+        return outcomes
+
+
+RETRIES = 3
+
+
+def _closure(step: Step) -> set[str]:
+    from qwen38build.step import closure
+
+    return {s.digest for s in closure(step)}
+
+
+def _realise_one(
+    step: Step, index: int, total: int, store: Store, reporter: Reporter,
+    source_stores: list[Store], source_dirs: list[Path],
+) -> Outcome:
+    t0 = time.perf_counter()
+    entry = store.get(step.digest)
+    built = False
+    if entry is None:
+        reporter.step_start(step, index, total)
+        with store.lock(step.digest):
+            had = store.lookup(step.digest) is not None
+            entry = store.trusted(step.digest)  # another build may have made it meanwhile
+            if entry is None:
+                if had:
+                    reporter.note(step, "its store entry changed since written; rebuilding")
+                entry = _build(step, store, reporter, source_stores, source_dirs)
+                built = True
+    outcome = Outcome(step, entry, built, time.perf_counter() - t0)
+    reporter.step_done(step, index, total, built=built, seconds=outcome.seconds)
+    return outcome
+
+
+def _outputs_named(store: Store, filename: str, sha256: str) -> Iterable[Path]:
+    for digest in store.entries():
+        try:
+            entry = store.lookup(digest)
+        except StoreError:
+            continue
+        rec = entry.outputs.get(filename) if entry is not None else None
+        if entry is not None and rec is not None and rec["sha256"] == sha256:
+            yield entry.path / filename
 
 
 def _build(
@@ -148,17 +239,21 @@ def _build(
     source_dirs: list[Path],
 ) -> Entry:
     module = kind_module(step.kind)
-    store.tmp.mkdir(parents=True, exist_ok=True)
     old_umask = os.umask(0o022)  # outputs' modes must not depend on the caller's umask
     try:
-        with tempfile.TemporaryDirectory(prefix="scratch.", dir=store.tmp) as scratch:
+        with store.hold() as session:
+            scratch = store.work_dir(session, "scratch")
+            try:
 
-            def fill(out: Path) -> dict[str, str]:
-                ctx = Context(step, out, Path(scratch), store, reporter, source_stores,
-                              source_dirs)
-                module.run(ctx)
-                return ctx.hashed
+                def fill(out: Path) -> dict[str, str]:
+                    ctx = Context(step, out, scratch, store, reporter, source_stores,
+                                  source_dirs)
+                    module.run(ctx)
+                    ctx.check_used()
+                    return ctx.hashed
 
-            return store.add(step.digest, step.derivation(), fill)
+                return store.add(step.digest, step.derivation(), fill)
+            finally:
+                remove_tree(scratch)
     finally:
         os.umask(old_umask)

@@ -69,9 +69,10 @@ def lookup(store_root: Path, recipe_path: Path) -> dict[str, Any] | None:
         with open(os.path.join(store_root, "objects", f"{rec['build']}.json"), "rb") as f:
             meta = json.loads(f.read())
         out = os.path.join(store_root, "objects", rec["build"])
+        from qwen38build.store import cheap_ok
+
         for name, r in meta["outputs"].items():
-            st = os.stat(os.path.join(out, name))
-            if st.st_size != r["size"] or st.st_mtime_ns != r["mtime_ns"]:
+            if not cheap_ok(r, os.path.join(out, name)):
                 return None
     except (OSError, ValueError, KeyError):
         return None

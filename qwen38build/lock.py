@@ -8,7 +8,6 @@ matches the recipe is an error naming the entry (run ``qwen38build lock``).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -66,9 +65,9 @@ def write(root: Path, entries: list[LockedWheel]) -> Path:
         "format": FORMAT,
         "sources": [asdict(e) for e in sorted(entries, key=lambda e: e.name)],
     }
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    from qwen38build.store import atomic_write
+
+    atomic_write(path, (json.dumps(body, indent=2, sort_keys=True) + "\n").encode())
     return path
 
 

@@ -57,14 +57,12 @@ def locked_vllm(
 
 
 def fetch_step(loaded: LoadedRecipe, entry: lockmod.LockedWheel) -> Step:
+    """A fixed-output fetch: its digest is the file name and sha256, nothing else."""
     return Step(
-        kind="fetch", version=kind_version("fetch"), name=entry.filename,
-        params={
-            "name": entry.name, "version": entry.version, "filename": entry.filename,
-            "sha256": entry.sha256, "size": entry.size,
-            "python": loaded.recipe.toolchain.python,
-            "platform": entry.platform_tag,
-        },
+        kind="fetch", implementation=kind_version("fetch"), name=entry.filename,
+        params={"filename": entry.filename, "sha256": entry.sha256},
+        hints={"name": entry.name, "version": entry.version, "size": entry.size,
+               "python": loaded.recipe.toolchain.python, "platform": entry.platform_tag},
     )
 
 
@@ -75,13 +73,14 @@ def make_plan(loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel]) -> P
     series = loaded.series_entries()
     inputs = tuple((e.row_name, sha256_file(e.path)) for e in series)
     patch = Step(
-        kind="patch", version=kind_version("patch"), name="series",
+        kind="patch", implementation=kind_version("patch"), name="series",
         params={"package": "vllm", "series": [e.row_name for e in series]},
         inputs=inputs, deps=(("wheel", fetch),),
         input_paths={e.row_name: e.path for e in series},
     )
     wheel = Step(
-        kind="wheel", version=kind_version("wheel"), name=f"{entry.name}-{entry.version}+q38",
+        kind="wheel", implementation=kind_version("wheel"),
+        name=f"{entry.name}-{entry.version}+q38",
         params={"name": entry.name, "version": entry.version, "package": "vllm"},
         deps=(("wheel", fetch), ("patched", patch)),
     )
@@ -123,7 +122,7 @@ def toolchain_step(loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel])
     entries = toolchain.locked_toolchain(loaded, locked)
     cuda = toolchain.series(loaded)
     return Step(
-        kind="toolchain", version=kind_version("toolchain"), name=f"cuda-{cuda}-toolchain",
+        kind="toolchain", implementation=kind_version("toolchain"), name=f"cuda-{cuda}-toolchain",
         params={"cuda": cuda, "top": toolchain.top_dir(cuda)},
         deps=tuple((e.name, fetch_step(loaded, e)) for e in entries),
     )
@@ -163,7 +162,8 @@ def kernel_steps(
     newest = max(all_archs, key=lambda a: tuple(int(x) for x in a.rstrip("af").split(".")))
     wanted = [normalise_arch(a) for a in archs] if archs else all_archs
     cubins = [
-        Step(kind="cubin", version=kind_version("cubin"), name=f"pthfa-sm_{a.replace('.', '')}",
+        Step(kind="cubin", implementation=kind_version("cubin"),
+             name=f"pthfa-sm_{a.replace('.', '')}",
              params={"arch": a, "flags": list(NVCC_FLAGS), "ptx": a == newest, **compiler},
              inputs=sources, input_paths={p.name: p for p in csrc}, deps=deps)
         for a in wanted
@@ -173,7 +173,7 @@ def kernel_steps(
                    and p.suffix not in (".pyc", ".cubin", ".ptx"))
     names = {p.relative_to(pkg).as_posix(): p for p in files}
     wheel = Step(
-        kind="pthfa-wheel", version=kind_version("pthfa-wheel"), name="pthfa-wheel",
+        kind="pthfa-wheel", implementation=kind_version("pthfa-wheel"), name="pthfa-wheel",
         params={"version": r.pthfa.tag.lstrip("v"), "archs": wanted},
         inputs=tuple((n, sha256_file(p)) for n, p in names.items()),
         deps=tuple((c.name, c) for c in cubins), input_paths=names,

@@ -5,17 +5,20 @@ explained after the recipe has moved on; roots that gc keeps; per-step history f
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qwen38build.errors import UsageError
+from qwen38build.errors import StoreError, UsageError
 
 if TYPE_CHECKING:
     from qwen38build.executor import Outcome
     from qwen38build.step import Step
     from qwen38build.store import Store
 
-RECORD_FORMAT = 1
+# 2: derivations hold ``implementation`` (a source hash), where 1 held a hand-bumped version.
+RECORD_FORMAT = 2
+_HEX = frozenset("0123456789abcdef")
 
 
 def write_build(store: Store, top: Step, outcomes: dict[str, Outcome], root_name: str) -> Path:
@@ -45,32 +48,60 @@ def write_build(store: Store, top: Step, outcomes: dict[str, Outcome], root_name
 
 
 def read_build(store: Store, build_hash: str) -> dict[str, Any]:
-    """The record of a build, by its full hash or an unambiguous prefix."""
-    matches = sorted(store.builds.glob(f"{build_hash}*.json")) if store.builds.is_dir() else []
-    if not matches or len(build_hash) < 6:
+    """The record of a build, by its full hash or an unambiguous prefix.
+
+    The argument is hex and nothing else: never a glob, never a path out of ``builds/``.
+    """
+    if not (8 <= len(build_hash) <= 64) or any(c not in _HEX for c in build_hash):
+        raise UsageError(
+            f"{build_hash!r} is not a build hash: 8 to 64 lowercase hex digits.",
+            hint="give a build hash printed by `qwen38build build`",
+        )
+    names = sorted(os.listdir(store.builds)) if store.builds.is_dir() else []
+    matches = [n for n in names if n.endswith(".json") and n.startswith(build_hash)]
+    if not matches:
         raise UsageError(
             f"no build {build_hash!r} is recorded in the store {store.root}.",
-            hint="give a build hash printed by `qwen38build build` (6 characters at least)",
+            hint="give a build hash printed by `qwen38build build`",
         )
     if len(matches) > 1:
         raise UsageError(f"build hash prefix {build_hash!r} is ambiguous; give more characters.")
-    data: dict[str, Any] = json.loads(matches[0].read_text())
+    path = store.builds / matches[0]
+    try:
+        data = json.loads(path.read_bytes())
+        if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
+            raise ValueError("no 'steps' list")
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"{path}: malformed build record ({exc}).",
+                         hint="rebuild; `qwen38build gc` drops what nothing roots") from exc
     return data
 
 
 def roots(store: Store) -> dict[str, str]:
-    """gc roots: name → build hash."""
+    """gc roots: name → build hash; a malformed root is skipped (gc names it)."""
+    out: dict[str, str] = {}
     if not store.roots.is_dir():
-        return {}
-    return {p.stem: json.loads(p.read_text())["build"] for p in sorted(store.roots.glob("*.json"))}
+        return out
+    for p in sorted(store.roots.glob("*.json")):
+        try:
+            build = json.loads(p.read_bytes())["build"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(build, str):
+            out[p.stem] = build
+    return out
 
 
 def last_built(store: Store, name: str) -> dict[str, Any] | None:
+    """The last recorded build of step ``name``; None if never built or the file is torn."""
     p = store.root / "history" / f"{_safe(name)}.json"
-    if not p.exists():
+    try:
+        data = json.loads(p.read_bytes())
+    except (OSError, ValueError):
         return None
-    data: dict[str, Any] = json.loads(p.read_text())
-    return data
+    ok = isinstance(data, dict) and isinstance(data.get("derivation"), dict) and \
+        isinstance(data.get("digest"), str)
+    return data if ok else None
 
 
 def derivation_of(store: Store, digest: str) -> dict[str, Any] | None:
@@ -85,12 +116,20 @@ def steps_from_record(record: dict[str, Any]) -> list[Step]:
     """Rebuild the Step objects of a recorded closure; digests must come out the same."""
     from qwen38build.step import Step
 
+    if record.get("format") != RECORD_FORMAT:
+        raise UsageError(
+            f"build {str(record.get('build'))[:12]} was recorded by an older qwen38build "
+            f"(record format {record.get('format')}, this one reads {RECORD_FORMAT}); its "
+            "steps' code is not this code, so rebuilding it here would prove nothing.",
+            hint="reproduce it with the qwen38build release that built it",
+        )
     by_digest: dict[str, Step] = {}
     out = []
     for rec in record["steps"]:
         drv = rec["derivation"]
         step = Step(
-            kind=drv["kind"], version=drv["version"], name=drv["name"], params=drv["params"],
+            kind=drv["kind"], implementation=drv["implementation"], name=drv["name"],
+            params=drv["params"],
             inputs=tuple((k, v) for k, v in drv["inputs"]),
             deps=tuple((k, by_digest[d]) for k, d in drv["deps"]),
         )

@@ -59,6 +59,8 @@ class Result:
                 lines.append("    " + d.diffoscope.replace("\n", "\n    "))
         if self.kept:
             lines.append(f"  rebuilt store kept at {self.kept}")
+        else:
+            lines.append("  (run again with --keep to keep the rebuilt store)")
         return "\n".join(lines)
 
 
@@ -67,10 +69,14 @@ def reproduce(store: Store, build_hash: str, reporter: Reporter, *, keep: bool =
     steps = steps_from_record(record)
     result = Result(record["build"], ok=True)
     for s in steps:
-        if kind_version(s.kind) != s.version:
+        # The record names the code that made each step (its implementation hash). Other
+        # code would rebuild other bytes under the recorded digests: refuse, honestly.
+        if kind_version(s.kind) != s.implementation:
             result.ok = False
-            result.error = (f"step {s.name} was built by {s.kind} version {s.version}; this "
-                            f"qwen38build has version {kind_version(s.kind)}")
+            result.error = (f"step {s.name} was built by {s.kind} implementation "
+                            f"{s.implementation[:12]}; this qwen38build's is "
+                            f"{kind_version(s.kind)[:12]}: reproduce it with the qwen38build "
+                            "that built it")
             return result
     tmp = Path(tempfile.mkdtemp(prefix="q38-reproduce."))
     fresh = Store(tmp / "store")
@@ -102,7 +108,9 @@ def reproduce(store: Store, build_hash: str, reporter: Reporter, *, keep: bool =
         result.ok = not result.differences
         return result
     finally:
-        if keep or not result.ok:
+        # Kept only on request: a failed comparison is already described above, and an
+        # unasked-for store left in the temp dir is nobody's to clean.
+        if keep:
             result.kept = str(fresh.root)
         else:
             remove_tree(tmp)

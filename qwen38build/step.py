@@ -1,8 +1,9 @@
 """The step (Nix: derivation): a frozen node of the build graph and its digest. Pure, no I/O.
 
-A step's digest is sha256 over the canonical JSON of its kind, the implementation version
-of that kind, its parameters, the sha256 of each input file and the digest of each step it
-depends on. Nothing else goes in: no path of this machine, no time, no environment.
+A step's digest is sha256 over the canonical JSON of its kind, the implementation of that
+kind (a hash of the source that decides its bytes; see qwen38build.steps), its parameters,
+the sha256 of each input file and the digest of each step it depends on. Nothing else goes
+in: no path of this machine, no time, no environment.
 """
 
 from __future__ import annotations
@@ -19,19 +20,22 @@ class Step:
     """One node of the graph. ``inputs`` maps a name to a file's sha256, in order."""
 
     kind: str
-    version: int
+    implementation: str
     name: str
     params: Mapping[str, Any]
     inputs: tuple[tuple[str, str], ...] = ()
     deps: tuple[tuple[str, Step], ...] = ()
     # Where to read each input file on this machine: not part of the digest.
     input_paths: Mapping[str, Path] = field(default_factory=dict, compare=False)
+    # What the step may use that cannot change its bytes (pip's target Python for a fetch,
+    # whose bytes are checked against the sha256 in its params): not part of the digest.
+    hints: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def derivation(self) -> dict[str, Any]:
         """Everything the digest covers, plus the human name (which it does not)."""
         return {
             "kind": self.kind,
-            "version": self.version,
+            "implementation": self.implementation,
             "name": self.name,
             "params": dict(self.params),
             "inputs": [[k, v] for k, v in self.inputs],

@@ -94,9 +94,9 @@ def write(loaded: LoadedRecipe, md_path: Path) -> bool:
     new = splice(old, render(loaded), path=md_path)
     if new == old:
         return False
-    tmp = md_path.with_name(f".{md_path.name}.tmp")
-    tmp.write_bytes(new.encode("utf-8"))
-    tmp.replace(md_path)
+    from qwen38build.store import atomic_write
+
+    atomic_write(md_path, new.encode("utf-8"))
     return True
 
 

@@ -13,7 +13,6 @@ import csv
 import io
 import json
 import os
-import shutil
 from pathlib import Path
 
 from qwen38build.digest import sha256_file
@@ -143,7 +142,12 @@ def installed_version(site: Path, name: str) -> tuple[str, Path]:
 
 
 def apply_tree(site: Path, manifest: dict[str, Any], built_tree: Path) -> list[str]:
-    """Write the build's files into an installed vLLM of the same pin; returns what changed."""
+    """Write the build's files into an installed vLLM of the same pin; returns what changed.
+
+    Only bytes whose sha256 is the manifest's reach the tree: each file is copied to a
+    temp file of a random name while hashed, and only when every one matches are they
+    renamed into place. A stored file edited after its build is refused, nothing written.
+    """
     package, version = str(manifest["package"]), str(manifest["version"])
     have, dist_info = installed_version(site, str(manifest["name"]))
     if have.split("+", 1)[0] != version:
@@ -154,27 +158,58 @@ def apply_tree(site: Path, manifest: dict[str, Any], built_tree: Path) -> list[s
     pkg = find_package(site, package)
     changed: list[str] = []
     updates: dict[str, tuple[str, int] | None] = {}
-    for rel, rec in sorted(manifest["owned"].items()):
-        target = pkg / rel
-        name = f"{package}/{rel}"
-        if rec["patched"] is None:
-            if target.exists():
-                target.unlink()
-                changed.append(name)
-                updates[name] = None
-            continue
-        if target.is_file() and sha256_file(target) == rec["patched"]:
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.q38tmp")
-        shutil.copyfile(built_tree / rel, tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-        changed.append(name)
-        updates[name] = (_b64(rec["patched"]), target.stat().st_size)
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for rel, rec in sorted(manifest["owned"].items()):
+            target = pkg / rel
+            name = f"{package}/{rel}"
+            if rec["patched"] is None:
+                if target.exists():
+                    changed.append(name)
+                    updates[name] = None
+                continue
+            if target.is_file() and sha256_file(target) == rec["patched"]:
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = _staged_copy(built_tree / rel, target, rec["patched"])
+            staged.append((tmp, target))
+            changed.append(name)
+            updates[name] = (_b64(rec["patched"]), tmp.stat().st_size)
+        for tmp, target in staged:
+            os.replace(tmp, target)
+        staged.clear()
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+    for name, new in updates.items():
+        if new is None:
+            (pkg.parent / name).unlink(missing_ok=True)
     if updates:
         _update_record(dist_info / "RECORD", updates)
     return changed
+
+
+def _staged_copy(src: Path, target: Path, sha256: str) -> Path:
+    """Copy ``src`` beside ``target`` under a random name, refusing other bytes."""
+    from qwen38build.digest import copy_hashing
+    from qwen38build.errors import StoreError
+
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(6).hex()}.q38tmp")
+    try:
+        with src.open("rb") as fi, open(tmp, "xb") as fo:
+            got, _ = copy_hashing(fi, fo)
+        os.chmod(tmp, 0o644)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if got != sha256:
+        tmp.unlink()
+        raise StoreError(
+            f"{src}: its sha256 {got[:12]} is not the build manifest's {sha256[:12]}; the "
+            "stored file was changed after its build. Nothing was written.",
+            hint="run `qwen38build build --rebuild` to rebuild it, then apply again",
+        )
+    return tmp
 
 
 def _update_record(record: Path, updates: dict[str, tuple[str, int] | None]) -> None:
@@ -195,7 +230,7 @@ def _update_record(record: Path, updates: dict[str, tuple[str, int] | None]) -> 
         new = updates[name]
         if new is not None:
             w.writerow([name, new[0], new[1]])
-    tmp = record.with_name(".RECORD.q38tmp")
-    tmp.write_text(out.getvalue())
-    os.replace(tmp, record)
+    from qwen38build.store import atomic_write
+
+    atomic_write(record, out.getvalue().encode())
 

@@ -30,9 +30,10 @@ def _diff(
     indent: str = "  ",
 ) -> list[str]:
     out: list[str] = []
-    if now["version"] != was["version"]:
+    impl_was, impl_now = was.get("implementation"), now.get("implementation")
+    if impl_now != impl_was:
         out.append(f"{indent}implementation of {now['kind']} changed: "
-                   f"version {was['version']} -> {now['version']}")
+                   f"{_short(impl_was)} -> {_short(impl_now)}")
     for key in sorted(set(now["params"]) | set(was["params"])):
         a, b = was["params"].get(key), now["params"].get(key)
         if a != b:

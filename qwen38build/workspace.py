@@ -432,9 +432,9 @@ def export(
             continue
         changed.append(path)
         if not check:
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_bytes(new.encode("utf-8"))
-            tmp.replace(path)
+            from qwen38build.store import atomic_write
+
+            atomic_write(path, new.encode("utf-8"))
     return changed
 
 

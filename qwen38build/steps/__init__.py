@@ -1,5 +1,52 @@
-"""The step kinds. Each module exposes ``KIND``, ``VERSION`` and ``run(ctx) -> None``.
+"""The step kinds. Each module exposes ``KIND``, ``IMPLEMENTATION`` and ``run(ctx) -> None``.
 
-Bump a kind's ``VERSION`` whenever the code that produces its output changes: the version is
-part of every digest of that kind, so old outputs are not reused for new code.
+A kind's digest covers its implementation: the sha256 of the source of every qwen38build
+module that can decide its output bytes, that is the kind's module and the modules in its
+``IMPLEMENTATION`` (the engine's, plus wheelzip, gnupatch, ... as it uses them). Chosen over
+golden-digest tests because it is mechanical: nobody has to remember a bump, and the test
+``tests/test_store.py::test_declared_implementation_covers_every_imported_module`` fails
+when a kind imports a module its list lacks. The price is that an edit which changes no
+bytes (a comment) also misses the cache once.
+
+A fixed-output kind (``FIXED_OUTPUT = True``, the fetch) has no implementation in its
+digest: its output is checked against the sha256 that the digest holds, so no code can
+change its bytes.
 """
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+from pathlib import Path
+
+ENGINE = (
+    "qwen38build.digest", "qwen38build.errors", "qwen38build.executor", "qwen38build.report",
+    "qwen38build.step", "qwen38build.store", "qwen38build.temproots",
+)
+FIXED = "fixed-output"
+
+
+def modules_of(kind: str) -> list[str]:
+    """The modules whose source makes up ``kind``'s implementation, sorted."""
+    from qwen38build.executor import kind_module
+
+    module = kind_module(kind)
+    declared: tuple[str, ...] = module.IMPLEMENTATION
+    return sorted({module.__name__, *declared})
+
+
+@functools.cache
+def implementation(kind: str) -> str:
+    """``kind``'s implementation value: a hash of its modules' source, or FIXED."""
+    from qwen38build.executor import kind_module
+
+    if getattr(kind_module(kind), "FIXED_OUTPUT", False):
+        return FIXED
+    h = hashlib.sha256()
+    for name in modules_of(kind):
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise RuntimeError(f"module {name} of step kind {kind} has no source file")
+        h.update(f"{name}\0".encode() + Path(spec.origin).read_bytes() + b"\0")
+    return h.hexdigest()

@@ -11,10 +11,10 @@ from __future__ import annotations
 from qwen38build.errors import KernelBuildError
 from qwen38build.executor import Context
 from qwen38build.kernels import Nvcc, compile_arch, nvcc_version
-from qwen38build.steps import toolchain
+from qwen38build.steps import ENGINE, toolchain
 
 KIND = "cubin"
-VERSION = 2
+IMPLEMENTATION = (*ENGINE, "qwen38build.kernels", "qwen38build.steps.toolchain")
 
 
 def run(ctx: Context) -> None:

@@ -1,8 +1,11 @@
-"""fetch: a fixed-output source, a wheel by name==version, checked against the lock's sha256.
+"""fetch: a fixed-output source, a wheel file checked against the lock's sha256.
 
-The digest covers the expected sha256, so the output is known before it is fetched (Nix's
-fixed-output derivation). The bytes come from a store that already holds them, or from pip,
-so the user's own index configuration applies; a mismatch deletes the download.
+The digest is the file name and the sha256 alone, so the output is known before it is
+fetched (Nix's fixed-output derivation) and the same bytes keep one digest whatever Python
+the toolchain names. The bytes come from any store entry already holding them or a source
+folder (checked while copied), else from pip, so the user's own index configuration
+applies. What pip needs (name, version, platform) is read from the file name; the target
+Python and the expected size travel as the step's hints, outside the digest.
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ from pathlib import Path
 from qwen38build.digest import copy_hashing
 from qwen38build.errors import FetchError
 from qwen38build.executor import Context
+from qwen38build.steps import ENGINE
 
 KIND = "fetch"
-VERSION = 1
+FIXED_OUTPUT = True  # keyed by file name and sha256 alone; see qwen38build.steps
+IMPLEMENTATION = ENGINE
 
 
 def run(ctx: Context) -> None:
-    p = ctx.step.params
+    p, hints = ctx.step.params, ctx.step.hints
     filename, sha256 = str(p["filename"]), str(p["sha256"])
     dest = ctx.out / filename
     ctx.hashed[filename] = sha256  # every path below either checks these bytes or raises
@@ -30,19 +35,37 @@ def run(ctx: Context) -> None:
         if _copy_checked(candidate, dest, sha256):
             ctx.report(f"taken from {candidate.parent}")
             return
-    with tempfile.TemporaryDirectory(prefix="q38-fetch.") as tmp:
-        got = pip_download(
-            str(p["name"]), str(p["version"]), python=str(p["python"]),
-            platform=str(p["platform"]), dest=Path(tmp),
-        )
+    name, version, platform = _from_filename(filename)
+    python = str(hints.get("python") or f"{sys.version_info[0]}.{sys.version_info[1]}")
+    with tempfile.TemporaryDirectory(prefix="fetch.", dir=ctx.scratch) as tmp:
+        got = pip_download(name, version, python=python, platform=str(
+            hints.get("platform") or platform), dest=Path(tmp))
         if got.name != filename:
             raise FetchError(
-                f"pip fetched {got.name} for {p['name']}=={p['version']}, but the lock "
-                f"names {filename}.",
+                f"pip fetched {got.name} for {name}=={version}, but the lock names {filename}.",
                 hint="run `qwen38build lock` to re-pin, or check the recipe's platform tag",
+            )
+        size = hints.get("size")
+        if isinstance(size, int) and got.stat().st_size != size:
+            raise FetchError(
+                f"{filename}: pip fetched {got.stat().st_size} bytes, but the lock says "
+                f"{size}; nothing was stored.",
+                hint="if the index legitimately changed the file, re-pin with `qwen38build lock`",
             )
         if not _copy_checked(got, dest, sha256, downloaded=True):
             raise AssertionError("unreachable")
+
+
+def _from_filename(filename: str) -> tuple[str, str, str]:
+    """(name, version, first platform tag) of a wheel file name, as pip wants them."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    try:
+        name, version, _, tags = parse_wheel_filename(filename)
+    except InvalidWheelFilename as exc:
+        raise FetchError(f"{filename}: not a wheel file name: {exc}.") from exc
+    platform = sorted(t.platform for t in tags)[0]
+    return str(name), str(version), platform
 
 
 def _copy_checked(src: Path, dest: Path, sha256: str, *, downloaded: bool = False) -> bool:

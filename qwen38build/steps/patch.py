@@ -15,10 +15,11 @@ from qwen38build.digest import sha256_bytes, sha256_file
 from qwen38build.executor import Context
 from qwen38build.gnupatch import describe_failure, run_patch
 from qwen38build.patchfile import PatchFile
+from qwen38build.steps import ENGINE
 from qwen38build.wheelzip import open_wheel
 
 KIND = "patch"
-VERSION = 1
+IMPLEMENTATION = (*ENGINE, "qwen38build.gnupatch", "qwen38build.patchfile", "qwen38build.wheelzip")
 REPORT = "patch.json"
 TREE = "tree"
 

@@ -6,9 +6,10 @@ import shutil
 
 from qwen38build.executor import Context
 from qwen38build.kernels import write_pthfa_wheel
+from qwen38build.steps import ENGINE
 
 KIND = "pthfa-wheel"
-VERSION = 1
+IMPLEMENTATION = (*ENGINE, "qwen38build.kernels")
 
 
 def run(ctx: Context) -> None:
@@ -17,11 +18,9 @@ def run(ctx: Context) -> None:
         dest = package / name
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ctx.input_path(name), dest)
-    # By the names each cubin step recorded, never by listing its folder.
+    # the cubins by their recorded names, never a listing: a stray file is not an output
     kernels = sorted(
-        entry.file(name)
-        for dep, _ in ctx.step.deps
-        for entry in [ctx.dep_entry(dep)]
+        entry.file(name) for entry in (ctx.dep_entry(dep) for dep, _ in ctx.step.deps)
         for name in entry.outputs
     )
     write_pthfa_wheel(package, kernels, ctx.out, str(ctx.step.params["version"]))

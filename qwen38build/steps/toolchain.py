@@ -18,11 +18,12 @@ import zipfile
 from qwen38build.errors import KernelBuildError
 from qwen38build.executor import Context
 from qwen38build.kernels import Nvcc, nvcc_version
+from qwen38build.steps import ENGINE
 from qwen38build.store import Entry
 from qwen38build.wheelzip import extract
 
 KIND = "toolchain"
-VERSION = 1
+IMPLEMENTATION = (*ENGINE, "qwen38build.kernels", "qwen38build.wheelzip")
 #: The record of what was extracted and where nvcc is, read by the cubin steps.
 MANIFEST = "toolchain.json"
 #: Below the toolkit's top folder: what nvcc runs to turn a .cu file into a cubin.

@@ -16,12 +16,14 @@ from typing import Any
 
 from qwen38build.errors import CheckFailed
 from qwen38build.executor import Context
+from qwen38build.steps import ENGINE
 from qwen38build.steps import patch as patch_step
 from qwen38build.verify import MANIFEST
 from qwen38build.wheelzip import PatchedWheel, record_hash
 
 KIND = "wheel"
-VERSION = 2
+IMPLEMENTATION = (*ENGINE, "qwen38build.gnupatch", "qwen38build.patchfile",
+                  "qwen38build.steps.patch", "qwen38build.verify", "qwen38build.wheelzip")
 LABEL = "q38"
 
 
@@ -33,8 +35,8 @@ def run(ctx: Context) -> None:
     p = ctx.step.params
     name, version, package = str(p["name"]), str(p["version"]), str(p["package"])
     pristine = ctx.dep_entry("wheel").the_output(".whl")
-    applied = ctx.dep_entry("patched").path
-    report = patch_step.read_report(applied)
+    applied = ctx.dep_entry("patched")  # read by recorded names only, like every dep
+    report = patch_step.read_report(applied.file(patch_step.REPORT).parent)
     new_version = local_version(version, ctx.step.digest)
     tags = pristine.name[len(f"{name}-{version}-") : -len(".whl")]
     out_name = f"{name}-{new_version}-{tags}.whl"
@@ -48,7 +50,7 @@ def run(ctx: Context) -> None:
             if rec["pristine"] is not None:
                 delete.add(member)
         else:
-            replace[member] = (applied / patch_step.TREE / rel).read_bytes()
+            replace[member] = applied.file(f"{patch_step.TREE}/{rel}").read_bytes()
 
     ctx.report(f"writing {out_name}")
     pw = PatchedWheel(pristine, dist_info, new_dist_info)

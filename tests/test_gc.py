@@ -1,0 +1,223 @@
+"""gc: temporary roots of live sessions, indirect roots through ./result, dead owners' tmp."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qwen38build import lock, recipe
+from qwen38build.gc import collect
+from qwen38build.plan import Plan, make_plan
+from qwen38build.store import Store
+from tests.conftest import ENVS, Project
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _plan(p: Project) -> Plan:
+    return make_plan(recipe.load(p.root / "recipe.toml"), lock.read(p.root))
+
+
+def _build(p: Project, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
+    assert p.run("build", "--json", "-q", *extra) == 0
+    build: str = json.loads(capsys.readouterr().out)["build"]
+    return build
+
+
+def _unroot(store: Store) -> None:
+    for p in store.roots.glob("*.json"):
+        p.unlink()
+
+
+def test_a_live_sessions_temporary_roots_are_never_collected(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    build = _build(project, capsys, "--no-link")
+    store = Store(project.store)
+    _unroot(store)
+    with store.hold() as session:
+        session.add([build])
+        assert collect(store).removed == []  # the build and its whole closure are kept
+        assert store.get(build) is not None
+    assert build in collect(store).removed  # the session ended: nothing keeps it
+    assert store.lookup(build) is None and not any(store.objects.iterdir())
+
+
+def test_result_link_is_an_indirect_root_and_a_dangling_one_is_dropped(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    build = _build(project, capsys)
+    store = Store(project.store)
+    _unroot(store)
+    assert collect(store).removed == []
+    assert (project.root / "result" / "manifest.json").is_file()
+    (project.root / "result").unlink()
+    assert build in collect(store).removed
+    assert not any(store.auto_roots.iterdir())
+
+
+def test_a_noop_build_keeps_its_result_alive_across_gc(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    first = _build(project, capsys)
+    original = (project.root / "patches" / "knob.patch").read_bytes()
+    project.patch("knob", "envs.py", ENVS, ENVS.replace("KNOB_9 = 9\n", "KNOB_9 = 99\n"))
+    second = _build(project, capsys)
+    (project.root / "patches" / "knob.patch").write_bytes(original)
+    assert _build(project, capsys) == first  # answered by the fast path
+    assert project.run("gc") == 0
+    capsys.readouterr()
+    assert os.readlink(project.root / "result").endswith(first)
+    assert Store(project.store).get(first) is not None
+    assert (project.root / "result" / "manifest.json").is_file()
+    assert second  # the second build stays too: it is the recipe's last full build
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from qwen38build.store import Store
+store = Store(Path(sys.argv[1]))
+with store.hold() as session:
+    work = store.work_dir(session, "scratch")
+    (work / "big").write_bytes(b"x" * 1000)
+    print(work, flush=True)
+    time.sleep(60)
+"""
+
+
+def _holder(store: Path) -> tuple[subprocess.Popen[str], Path]:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(store)], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, Path(proc.stdout.readline().strip())
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def test_tmp_work_is_removed_only_once_its_owner_is_dead(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store")
+    proc, work = _holder(store.root)
+    try:
+        assert work.is_dir()
+        assert collect(store).tmp_removed == []
+        assert work.is_dir()  # its owner is alive
+    finally:
+        _kill(proc)
+    assert collect(store).tmp_removed == [work.name]
+    assert not work.exists() and not any((store.root / "temproots").iterdir())
+
+
+def test_the_next_build_reclaims_a_killed_builds_tmp_and_locks(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    store = Store(project.store)
+    proc, work = _holder(store.root)
+    _kill(proc)
+    store.locks.mkdir(parents=True)
+    (store.locks / f"{'a' * 64}.lock").touch()  # as a killed holder leaves it
+    _build(project, capsys, "--no-link")
+    assert not work.exists() and list(store.tmp.iterdir()) == []
+    assert list(store.locks.iterdir()) == []
+    assert list((store.root / "temproots").iterdir()) == []
+
+
+def test_gc_reports_malformed_roots_and_records_and_never_crashes(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    build = _build(project, capsys)
+    store = Store(project.store)
+    (store.roots / "bad.json").write_text("{nope")
+    (store.roots / "typed.json").write_text('{"build": 7}')
+    store.auto_roots.mkdir(parents=True, exist_ok=True)
+    (store.auto_roots / "dangling").symlink_to(project.tmp / "nowhere" / "result")
+    store.meta_path("f" * 64).write_text("[]")
+    assert project.run("gc") == 0
+    captured = capsys.readouterr()
+    assert "bad.json: malformed root" in captured.err and "typed.json" in captured.err
+    assert f"removed {'f' * 64}" in captured.out
+    assert not (store.auto_roots / "dangling").is_symlink()
+    assert store.get(build) is not None
+
+
+def test_no_lock_files_are_left_after_failed_or_good_steps(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    _build(project, capsys)
+    server = (project.root / "patches" / "route-fix.patch")
+    server.write_text(server.read_text().replace("+    return 33", "+    return 34").replace(
+        "-    return 3\n", "-    return 300\n"))
+    assert project.run("build") != 0
+    capsys.readouterr()
+    store = Store(project.store)
+    assert list(store.locks.iterdir()) == []
+    assert list(store.tmp.iterdir()) == []
+
+
+def test_a_store_we_may_not_write_still_gets_its_result_link(
+        project: Project, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shared read-only cache takes no roots from us (we cannot collect it either)."""
+    import errno
+
+    from qwen38build import temproots
+
+    build = _build(project, capsys, "--no-link")
+
+    def refused(root: Path) -> None:
+        raise PermissionError(errno.EROFS, "Read-only file system", str(root))
+
+    monkeypatch.setattr(temproots, "Session", refused)
+    assert Store(project.store).link_result(build, project.root / "result")
+    assert os.readlink(project.root / "result").endswith(build)
+    assert not Store(project.store).auto_roots.exists()
+
+
+PAUSED_BUILD = """
+import sys, time
+from pathlib import Path
+from qwen38build.steps import wheel
+real = wheel.run
+def paused(ctx):
+    print("in-step", flush=True)
+    while not Path(sys.argv[1]).exists():
+        time.sleep(0.01)
+    real(ctx)
+wheel.run = paused
+from qwen38build.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_gc_in_the_middle_of_another_processs_step_takes_nothing_it_uses(
+        project: Project) -> None:
+    """A build stopped inside its wheel step (its fetch and patch entries made but not yet
+    rooted, its scratch and output dirs in tmp/) while `gc` runs in another process."""
+    store = Store(project.store)
+    go = project.tmp / "go"
+    env = {**os.environ, "QWEN38BUILD_SOURCES": str(project.wheels)}
+    build = subprocess.Popen(
+        [sys.executable, "-c", PAUSED_BUILD, str(go), "--recipe",
+         str(project.root / "recipe.toml"), "--store", str(store.root), "build", "--json"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert build.stdout is not None
+    assert build.stdout.readline().strip() == "in-step"
+    work = sorted(p.name for p in store.tmp.iterdir())
+    assert work  # the step's scratch and output dirs
+    gc = subprocess.run([sys.executable, "-m", "qwen38build", "--store", str(store.root), "gc"],
+                        cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    assert gc.returncode == 0 and gc.stdout.strip() == "nothing to remove", gc.stdout
+    assert sorted(p.name for p in store.tmp.iterdir()) == work
+    go.touch()
+    out, err = build.communicate()
+    assert build.returncode == 0, err
+    result = project.root / "result"
+    assert os.readlink(result).endswith(json.loads(out)["build"])
+    assert (result / "manifest.json").is_file()
+    assert collect(store).removed == []  # now rooted by roots/ and ./result
+    assert project.run("store", "verify") == 0
