@@ -61,43 +61,52 @@ def emit(args: argparse.Namespace, data: Any, text: str) -> None:
 
 def cmd_build(args: argparse.Namespace) -> int:
     """The full build; ``main`` has already tried the no-op fast path (unless --rebuild)."""
-    from qwen38build import fastpath, lint, record
-    from qwen38build.executor import realise
     from qwen38build.reads import Collector, default_excludes
     from qwen38build.report import make_reporter
 
     store = open_store(args)
     recipe_dir = os.path.dirname(os.path.realpath(args.recipe))
-    # Every project file read from here on is an input of the no-op's key. One store
-    # session for the whole build: its temporary roots keep everything it makes or uses
-    # from gc until the record, the root and ./result are in place.
-    with Collector(recipe_dir, (*default_excludes(), str(store.root))) as reads, store.hold():
+    # Every project file read from here on is an input of the no-op's key.
+    with Collector(recipe_dir, (*default_excludes(), str(store.root))) as reads:
         loaded = load_recipe(args)
         plan = load_plan(loaded)  # checks the lock first: a stale lock is bad input (exit 2)
         reporter = make_reporter(quiet=args.quiet)
-        # The ledger's rules run before anything is applied; the env-knob rule needs the
-        # pristine envs.py, so the (fixed-output) wheel is fetched first.
-        realise([plan.targets["fetch"]], store, reporter)
-        findings = lint.check(loaded, pristine_envs=_pristine_wheel(store, plan))
-        if findings:
-            for f in findings:
-                print(f"lint: {f}", file=sys.stderr)
-            raise _lint_failed(len(findings))
-        outcomes = realise([plan.top], store, reporter)
-        record.write_build(store, plan.top, outcomes, root_name=_root_name(loaded))
-        wheel = _wheel_name(store, plan.build_hash)
-        files, dirs = reads.inputs()
-        fastpath.save(store.root, loaded.path, files, dirs, plan.build_hash, wheel)
-        from qwen38build.temproots import drop_dead_temps
+        # One store session for the whole build: its temporary roots keep everything it
+        # makes or uses from gc until the record, the root and ./result are in place.
+        with store.hold():
+            return _build_held(args, store, loaded, plan, reporter, reads)
 
-        drop_dead_temps(loaded.root, ".result.")  # a killed build's half-made link
-        code = report_build(store.root, plan.build_hash, wheel, loaded.root,
-                            link=not args.no_link, as_json=args.json)
-        if code is None:  # cannot happen while this build's temporary roots hold it
-            from qwen38build.errors import StoreError
 
-            raise StoreError(f"build {plan.build_hash[:12]} left the store mid-build.")
-        return code
+def _build_held(
+    args: argparse.Namespace, store: Store, loaded: LoadedRecipe, plan: Plan, reporter: Any,
+    reads: Any,
+) -> int:
+    from qwen38build import fastpath, lint, record
+    from qwen38build.executor import realise
+
+    # The ledger's rules run before anything is applied; the env-knob rule needs the
+    # pristine envs.py, so the (fixed-output) wheel is fetched first.
+    realise([plan.targets["fetch"]], store, reporter)
+    findings = lint.check(loaded, pristine_envs=_pristine_wheel(store, plan))
+    if findings:
+        for f in findings:
+            print(f"lint: {f}", file=sys.stderr)
+        raise _lint_failed(len(findings))
+    outcomes = realise([plan.top], store, reporter)
+    record.write_build(store, plan.top, outcomes, root_name=_root_name(loaded))
+    wheel = _wheel_name(store, plan.build_hash)
+    files, dirs = reads.inputs()
+    fastpath.save(store.root, loaded.path, files, dirs, plan.build_hash, wheel)
+    from qwen38build.temproots import drop_dead_temps
+
+    drop_dead_temps(loaded.root, ".result.")  # a killed build's half-made link
+    code = report_build(store.root, plan.build_hash, wheel, loaded.root,
+                        link=not args.no_link, as_json=args.json)
+    if code is None:  # cannot happen while this build's temporary roots hold it
+        from qwen38build.errors import StoreError
+
+        raise StoreError(f"build {plan.build_hash[:12]} left the store mid-build.")
+    return code
 
 
 def _pristine_wheel(store: Store, plan: Plan) -> Path | None:

@@ -182,4 +182,82 @@ def make_project(
         }],
     }
     (root / "lock" / "sources.json").write_text(json.dumps(lock, indent=2, sort_keys=True) + "\n")
+    # A complete lock pins the CUDA toolchain too: stand-in wheels beside the vLLM one, whose
+    # nvcc logs its calls to <root's parent>/nvcc.log.
+    add_to_lock(root, fake_toolchain(wheel.parent, root.parent / "nvcc.log"))
     return root
+
+
+# -- a stand-in CUDA toolchain (every fixture project locks one, as a real one must) ------
+
+VERSION_TEXT = "Cuda compilation tools, release 13.0, V13.0.88"
+
+# Logs each call to LOG, answers --version, and writes a 64-byte ELF header whose e_flags
+# (offset 48, little-endian) carry SM in bits 8-15, or a PTX file for -ptx.
+FAKE_NVCC = r"""#!/bin/sh
+echo "$*" >> "@LOG@"
+echo "CUDA_HOME=${CUDA_HOME:-} LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-} PATH=$PATH" >> "@LOG@.env"
+if [ "$1" = "--version" ]; then echo "@VERSION@"; exit 0; fi
+out=""; sm=""; ptx=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o) out="$2"; shift ;;
+    -ptx) ptx=1 ;;
+    arch=compute_*) sm="${1##*code=sm_}" ;;
+  esac
+  shift
+done
+if [ "$ptx" = 1 ]; then echo "// stand-in ptx" > "$out"; exit 0; fi
+{ printf '\177ELF\002\001\001'; head -c 42 /dev/zero; printf "\\$(printf %o "$sm")";
+  head -c 14 /dev/zero; } > "$out"
+"""
+
+
+def modal_wheel(dest: Path, name: str, version: str, files: dict[str, tuple[bytes, int]]) -> Path:
+    """A wheel whose members carry the given modes (as NVIDIA's do, or not)."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    path = dest / f"{dist}-py3-none-manylinux2014_x86_64.whl"
+    members = {**files, f"{dist}.dist-info/METADATA": (
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(), 0o644)}
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for member, (data, mode) in members.items():
+            info = zipfile.ZipInfo(member, date_time=(2025, 9, 2, 0, 0, 0))
+            info.external_attr = (0o100000 | mode) << 16
+            z.writestr(info, data)
+    return path
+
+
+def fake_toolchain(dest: Path, log: Path, version_text: str = VERSION_TEXT) -> list[Path]:
+    nvcc = FAKE_NVCC.replace("@LOG@", str(log)).replace("@VERSION@", version_text).encode()
+    top = "nvidia/cu13"
+    stub = (b"#!/bin/sh\nexit 0\n", 0o644)  # recorded without run bits: restored by name
+    dest.mkdir(parents=True, exist_ok=True)
+    return [
+        modal_wheel(dest, "nvidia-cuda-nvcc", "13.0.88", {
+            f"{top}/bin/nvcc": (nvcc, 0o744),
+            **{f"{top}/bin/{t}": stub for t in ("ptxas", "cudafe++", "fatbinary", "nvlink",
+                                                 "bin2c")},
+            f"{top}/bin/nvcc.profile": (b"TOP = $(_HERE_)/..\n", 0o644),
+        }),
+        modal_wheel(dest, "nvidia-nvvm", "13.0.88", {f"{top}/nvvm/bin/cicc": stub}),
+        modal_wheel(dest, "nvidia-cuda-crt", "13.0.88", {f"{top}/include/crt/host_config.h": (
+            b"#pragma once\n", 0o644)}),
+        modal_wheel(dest, "nvidia-cuda-runtime", "13.0.96", {f"{top}/include/cuda_runtime.h": (
+            b"#pragma once\n", 0o644)}),
+        modal_wheel(dest, "nvidia-cuda-cccl", "13.0.85", {f"{top}/include/cccl/cuda/std/cstdint": (
+            b"#pragma once\n", 0o644)}),
+    ]
+
+
+def add_to_lock(root: Path, wheels: list[Path]) -> None:
+    from qwen38build import lock as lockmod
+
+    locked = lockmod.read(root)
+    for w in wheels:
+        dist, version = w.name.split("-")[:2]
+        name = dist.replace("_", "-")
+        locked[name] = lockmod.LockedWheel(
+            name=name, version=version, filename=w.name, python_tag="py3", abi_tag="none",
+            platform_tag=PLATFORM, sha256=sha256(w), size=w.stat().st_size,
+        )
+    lockmod.write(root, list(locked.values()))

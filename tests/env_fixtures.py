@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import kernels
 from qwen38build.recipe import load
 from qwen38build.store import Store
 from qwen38build.venv import pthfa_step
@@ -84,18 +83,14 @@ def env_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 def add_pthfa_wheel(p: Project, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Put a built pthfa wheel into the store under the digest the recipe plans for it.
 
-    No nvcc here: the compiler's identity is fixed for planning, and the wheel (a tiny one)
-    goes into the store as the kernels step would have put it.
+    No compiler runs: the kernels are planned against the project's stand-in toolchain, and
+    the wheel (a tiny one) goes into the store as the kernels step would have put it.
     """
     src = p.root / "pthfa"
     (src / "csrc").mkdir(parents=True, exist_ok=True)
     (src / "csrc" / "decode.cu").write_text("// a kernel\n")
     (src / "python" / "pthfa").mkdir(parents=True, exist_ok=True)
     (src / "python" / "pthfa" / "__init__.py").write_text("")
-    from qwen38build.steps import cubin  # bound to the real nvcc_version before the patch
-
-    for module in (kernels, cubin):
-        monkeypatch.setattr(module, "nvcc_version", lambda: "nvcc for tests")
     step = pthfa_step(load(p.root / "recipe.toml"))
 
     def fill(out: Path) -> None:

@@ -123,7 +123,7 @@ def test_failure_says_when_the_context_stands_elsewhere(project: Project) -> Non
 def test_sha_mismatch_from_pip_deletes_the_download(project: Project, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     lock_file = project.root / "lock" / "sources.json"
     data = json.loads(lock_file.read_text())
-    data["sources"][0]["sha256"] = "0" * 64
+    next(e for e in data["sources"] if e["name"] == "vllm")["sha256"] = "0" * 64
     lock_file.write_text(json.dumps(data))
     monkeypatch.delenv("QWEN38BUILD_SOURCES")
     monkeypatch.setenv("PIP_NO_INDEX", "1")

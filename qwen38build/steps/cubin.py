@@ -14,7 +14,8 @@ from qwen38build.kernels import Nvcc, compile_arch, nvcc_version
 from qwen38build.steps import ENGINE, toolchain
 
 KIND = "cubin"
-IMPLEMENTATION = (*ENGINE, "qwen38build.kernels", "qwen38build.steps.toolchain")
+IMPLEMENTATION = (*ENGINE, "qwen38build.kernels", "qwen38build.steps.toolchain",
+                  "qwen38build.wheelzip")
 
 
 def run(ctx: Context) -> None:
