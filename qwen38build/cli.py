@@ -43,11 +43,15 @@ def load_recipe(args: argparse.Namespace) -> LoadedRecipe:
     return recipe.load(Path(args.recipe))
 
 
-def load_plan(loaded: LoadedRecipe) -> Plan:
+def load_plan(
+    loaded: LoadedRecipe, *, only: list[str] | None = None, system_nvcc: bool = False
+) -> Plan:
     from qwen38build import lock
+    from qwen38build.kernels import system_nvcc_requested
     from qwen38build.plan import make_plan
 
-    return make_plan(loaded, lock.read(loaded.root))
+    return make_plan(loaded, lock.read(loaded.root), only=only,
+                     system_nvcc=system_nvcc_requested(system_nvcc))
 
 
 def emit(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -69,12 +73,23 @@ def cmd_build(args: argparse.Namespace) -> int:
     # Every project file read from here on is an input of the no-op's key.
     with Collector(recipe_dir, (*default_excludes(), str(store.root))) as reads:
         loaded = load_recipe(args)
-        plan = load_plan(loaded)  # checks the lock first: a stale lock is bad input (exit 2)
+        plan = load_plan(loaded, only=_only(args), system_nvcc=args.system_nvcc)
         reporter = make_reporter(quiet=args.quiet)
         # One store session for the whole build: its temporary roots keep everything it
         # makes or uses from gc until the record, the root and ./result are in place.
         with store.hold():
             return _build_held(args, store, loaded, plan, reporter, reads)
+
+
+# What each output of the stack is called in the build's report.
+LABELS = {"vllm": "wheel", "pthfa": "pthfa", "pylock": "pylock"}
+
+
+def _only(args: argparse.Namespace) -> list[str] | None:
+    if not getattr(args, "only", None):
+        return None
+    names = [n.strip() for arg in args.only for n in arg.split(",") if n.strip()]
+    return list(dict.fromkeys(names))
 
 
 def _build_held(
@@ -83,6 +98,7 @@ def _build_held(
 ) -> int:
     from qwen38build import fastpath, lint, record
     from qwen38build.executor import realise
+    from qwen38build.temproots import drop_dead_temps
 
     # The ledger's rules run before anything is applied; the env-knob rule needs the
     # pristine envs.py, so the (fixed-output) wheel is fetched first.
@@ -94,19 +110,30 @@ def _build_held(
         raise _lint_failed(len(findings))
     outcomes = realise([plan.top], store, reporter)
     record.write_build(store, plan.top, outcomes, root_name=_root_name(loaded))
-    wheel = _wheel_name(store, plan.build_hash)
+    outputs = _outputs(plan, outcomes)
     files, dirs = reads.inputs()
-    fastpath.save(store.root, loaded.path, files, dirs, plan.build_hash, wheel)
-    from qwen38build.temproots import drop_dead_temps
-
+    fastpath.save(store.root, loaded.path, files, dirs, plan.build_hash, outputs)
     drop_dead_temps(loaded.root, ".result.")  # a killed build's half-made link
-    code = report_build(store.root, plan.build_hash, wheel, loaded.root,
+    code = report_build(store.root, plan.build_hash, outputs, loaded.root,
                         link=not args.no_link, as_json=args.json)
     if code is None:  # cannot happen while this build's temporary roots hold it
         from qwen38build.errors import StoreError
 
         raise StoreError(f"build {plan.build_hash[:12]} left the store mid-build.")
     return code
+
+
+def _outputs(plan: Plan, outcomes: dict[str, Any]) -> list[list[str]]:
+    """[label, entry digest, file name] of each output the build made, in recipe order."""
+    out = []
+    for part, label in LABELS.items():
+        step = plan.targets.get(part)
+        if step is None or step.digest not in outcomes:
+            continue
+        entry = outcomes[step.digest].entry
+        name = entry.the_output(".whl").name if part != "pylock" else step.inputs[0][0]
+        out.append([label, step.digest, name])
+    return out
 
 
 def _pristine_wheel(store: Store, plan: Plan) -> Path | None:
@@ -129,37 +156,33 @@ def _root_name(loaded: LoadedRecipe) -> str:
     return "recipe-" + sha256_bytes(str(loaded.path).encode())[:16]
 
 
-def _wheel_name(store: Store, build_hash: str) -> str:
-    entry = store.get(build_hash)
-    if entry is None:
-        from qwen38build.errors import StoreError
-
-        raise StoreError(f"build {build_hash[:12]} vanished from the store.")
-    return entry.the_output(".whl").name
-
-
 def report_build(
-    store_root: Path, build_hash: str, wheel: str, root: Path, *, link: bool, as_json: bool
+    store_root: Path, build_hash: str, outputs: list[list[str]], root: Path, *, link: bool,
+    as_json: bool,
 ) -> int | None:
-    """Point ``result`` at the build (like Nix) and print its hash and wheel.
+    """Point ``result`` at the build (like Nix) and print its hash and each output.
 
-    The link is made under a temporary root on the build and registered as an indirect
-    root, so gc keeps what it points at and never leaves it dangling. None (nothing linked
-    or printed) if gc took the build first: the no-op fast path then runs the full build.
+    ``outputs`` holds [label, entry digest, file name] per output. The link is made under a
+    temporary root on the build and registered as an indirect root, so gc keeps what it
+    points at and never leaves it dangling. None (nothing linked or printed) if gc took the
+    build first: the no-op fast path then runs the full build.
     """
-    out_dir = Path(os.path.abspath(store_root / "objects" / build_hash))
+    objects = Path(os.path.abspath(store_root / "objects"))
     if link:
         from qwen38build.store import Store
 
         if not Store(store_root).link_result(build_hash, root / "result"):
             return None
+    paths = {label: str(objects / digest / name) for label, digest, name in outputs}
     if as_json:
         import json
 
-        print(json.dumps({"build": build_hash, "wheel": str(out_dir / wheel),
-                          "store": str(store_root)}, indent=2, sort_keys=True))
+        print(json.dumps({"build": build_hash, "result": str(objects / build_hash),
+                          "outputs": paths, "store": str(store_root), **(
+                              {"wheel": paths["wheel"]} if "wheel" in paths else {})},
+                         indent=2, sort_keys=True))
     else:
-        print(f"build {build_hash}\nwheel {out_dir / wheel}")
+        print("\n".join([f"build {build_hash}", *(f"{k} {v}" for k, v in paths.items())]))
     return ExitCode.OK
 
 
@@ -531,7 +554,14 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
             sp.add_argument("--json", action="store_true", help="machine-readable output")
         return sp
 
-    b = add("build", cmd_build, "build the patched wheel (cache hits do no work)", json_flag=True)
+    b = add("build", cmd_build, "build the stack: the patched vLLM wheel, the pthfa wheel "
+            "for every arch, the checked environment lock (cache hits do no work)",
+            json_flag=True)
+    b.add_argument("--only", action="append", metavar="OUTPUT",
+                   help="build only these outputs: vllm, pthfa, pylock (repeatable or "
+                   "comma-separated; default: the recipe's [build] outputs)")
+    b.add_argument("--system-nvcc", action="store_true", help="compile the kernels with the "
+                   "nvcc on PATH instead of the locked toolchain (recorded in the digests)")
     b.add_argument("--no-link", action="store_true", help="do not (re)point ./result")
     b.add_argument("--rebuild", action="store_true", help="skip the no-op fast path")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress lines")

@@ -32,6 +32,8 @@ KINDS = {
     "cubin": "qwen38build.steps.cubin",
     "pthfa-wheel": "qwen38build.steps.pthfa_wheel",
     "toolchain": "qwen38build.steps.toolchain",
+    "pylock": "qwen38build.steps.pylock",
+    "stack": "qwen38build.steps.stack",
 }
 
 

@@ -27,8 +27,13 @@ _ENGINE = os.path.dirname(os.path.abspath(__file__))
 DIR = "fastpath"
 
 
+# Environment variables that change the plan (the nvcc choice is in the kernels' digests).
+PLAN_ENV = ("QWEN38BUILD_NVCC",)
+
+
 def _key(recipe_real: str, recipe_bytes: bytes) -> str:
-    head = f"qwen38build {__version__}\0{recipe_real}\0".encode()
+    env = "\0".join(os.environ.get(k, "") for k in PLAN_ENV)
+    head = f"qwen38build {__version__}\0{recipe_real}\0{env}\0".encode()
     return hashlib.sha256(head + recipe_bytes).hexdigest()
 
 
@@ -81,7 +86,7 @@ def lookup(store_root: Path, recipe_path: Path) -> dict[str, Any] | None:
 
 def save(
     store_root: Path, recipe_path: Path, files: list[str], dirs: list[str], build: str,
-    wheel: str,
+    outputs: list[list[str]],
 ) -> None:
     """Record a successful build for the next no-op (written atomically).
 
@@ -93,7 +98,7 @@ def save(
     with open(real, "rb") as f:
         key = _key(real, f.read())
     rec = {"root": str(root), "files": files, "dirs": dirs,
-           "fp": fingerprint(root, files, dirs), "build": build, "wheel": wheel}
+           "fp": fingerprint(root, files, dirs), "build": build, "outputs": outputs}
     from qwen38build.store import Store
 
     Store(store_root).write_json(store_root / DIR / f"{key}.json", rec)
@@ -126,5 +131,5 @@ def try_noop(argv: list[str]) -> int | None:
         return None
     from qwen38build.cli import report_build
 
-    return report_build(store, rec["build"], rec["wheel"], Path(rec["root"]),
+    return report_build(store, rec["build"], rec["outputs"], Path(rec["root"]),
                         link="--no-link" not in flags, as_json="--json" in flags)

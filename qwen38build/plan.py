@@ -1,10 +1,15 @@
 """recipe + lock → the step graph.
 
-The vLLM graph is ``fetch`` (the locked wheel) → ``patch`` (the series) → ``wheel`` (the
-patched wheel; its digest is the build hash). The kernels' graph is ``fetch`` (each locked
-compiler wheel) → ``toolchain`` → ``cubin`` per arch → ``pthfa-wheel``. Parts of the recipe
-that have no buildable content yet are listed as declared, with the reason, and never as
-steps.
+The stack has three outputs, each a part of the graph:
+
+- ``vllm``: ``fetch`` (the locked wheel) → ``patch`` (the series) → ``wheel``;
+- ``pthfa``: ``fetch`` (each locked compiler wheel) → ``toolchain`` → ``cubin`` per arch →
+  ``pthfa-wheel``;
+- ``pylock``: the environment lock, checked against what it was locked from.
+
+With more than one output, a ``stack`` step links them into one directory and its digest
+is the build hash; with one, that part's top step is. Parts of the recipe that have no
+buildable content yet are listed as declared, with the reason, and never as steps.
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ class Declared:
 
 @dataclass(frozen=True)
 class Plan:
+    """``top`` is what the build makes (the build hash is its digest); ``targets`` names
+    every step a caller may need: fetch, patch, wheel, and each output built (vllm, pthfa,
+    pylock)."""
+
     top: Step
     targets: dict[str, Step]
     declared: list[Declared] = field(default_factory=list)
@@ -66,8 +75,12 @@ def fetch_step(loaded: LoadedRecipe, entry: lockmod.LockedWheel) -> Step:
     )
 
 
-def make_plan(loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel]) -> Plan:
-    """The whole graph of a recipe; pure but for hashing the patch files."""
+def make_plan(
+    loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel], *,
+    only: list[str] | None = None, system_nvcc: bool = False,
+) -> Plan:
+    """The whole graph of a recipe (or of the outputs in ``only``); pure but for hashing
+    the input files and checking the environment lock."""
     entry = locked_vllm(loaded, locked)
     fetch = fetch_step(loaded, entry)
     series = loaded.series_entries()
@@ -84,10 +97,39 @@ def make_plan(loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel]) -> P
         params={"name": entry.name, "version": entry.version, "package": "vllm"},
         deps=(("wheel", fetch), ("patched", patch)),
     )
-    return Plan(
-        top=wheel,
-        targets={"fetch": fetch, "patch": patch, "wheel": wheel},
-        declared=declared_parts(loaded),
+    targets = {"fetch": fetch, "patch": patch, "wheel": wheel}
+    outputs = list(loaded.recipe.build.outputs) if only is None else only
+    parts: dict[str, Step] = {}
+    for name in outputs:
+        if name == "vllm":
+            parts[name] = wheel
+        elif name == "pthfa":
+            parts[name] = kernel_steps(loaded, locked=locked, system_nvcc=system_nvcc)[-1]
+        elif name == "pylock":
+            parts[name] = pylock_step(loaded)
+        else:
+            from qwen38build.errors import UsageError
+            from qwen38build.recipe import OUTPUTS
+
+            raise UsageError(f"{name!r} is not an output of the stack; name one of "
+                             f"{', '.join(OUTPUTS)}.")
+    targets.update(parts)
+    top = next(iter(parts.values())) if len(parts) == 1 else Step(
+        kind="stack", implementation=kind_version("stack"),
+        name=f"{entry.name}-{entry.version}-stack", params={"outputs": list(parts)},
+        deps=tuple(parts.items()),
+    )
+    return Plan(top=top, targets=targets, declared=declared_parts(loaded))
+
+
+def pylock_step(loaded: LoadedRecipe) -> Step:
+    """The environment lock as an output; LockError when it is missing, edited or stale."""
+    from qwen38build import envlock
+
+    path = envlock.check(loaded)
+    return Step(
+        kind="pylock", implementation=kind_version("pylock"), name=path.name,
+        params={}, inputs=((path.name, sha256_file(path)),), input_paths={path.name: path},
     )
 
 

@@ -11,7 +11,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from packaging.version import InvalidVersion, Version
 from pydantic import (
@@ -168,6 +168,25 @@ class Environment(_Model):
         return value
 
 
+Output = Literal["vllm", "pthfa", "pylock"]
+OUTPUTS: tuple[Output, ...] = ("vllm", "pthfa", "pylock")
+
+
+class Build(_Model):
+    """What ``build`` makes with no ``--only``: the stack's outputs, all of them by default
+    (the patched vLLM wheel, the pthfa wheel for every arch, the checked environment lock).
+    """
+
+    outputs: list[Output] = Field(default_factory=lambda: list(OUTPUTS), min_length=1)
+
+    @field_validator("outputs")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("an output is listed twice")
+        return value
+
+
 class Recipe(_Model):
     """The validated content of recipe.toml."""
 
@@ -179,6 +198,7 @@ class Recipe(_Model):
     toolchain: Toolchain
     lint: Lint = Field(default_factory=Lint)
     environment: Environment | None = None  # None: the vLLM wheel's platform
+    build: Build = Field(default_factory=Build)
 
 
 @dataclass(frozen=True)

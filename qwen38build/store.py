@@ -28,7 +28,7 @@ import stat
 from pathlib import Path
 
 from qwen38build import temproots
-from qwen38build.digest import sha256_file, tree_digest
+from qwen38build.digest import sha256_bytes, sha256_file, tree_digest
 from qwen38build.errors import StoreError
 
 # The no-op build imports this module (for default_root): typing, dataclasses, shutil and
@@ -94,6 +94,24 @@ def stat_record(st: os.stat_result) -> dict[str, int]:
             "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
 
 
+def is_link_target(target: str) -> bool:
+    """Whether a symlink output may point there: one recorded output of a sibling entry
+    (``../<digest>/<name>``), nothing else, so a link can never reach outside the store.
+    A stack's result directory is made of these (see steps/stack.py)."""
+    parts = target.split("/")
+    return (len(parts) == 3 and parts[0] == ".." and len(parts[1]) == 64
+            and all(c in "0123456789abcdef" for c in parts[1])
+            and parts[2] not in ("", ".", "..") and "\0" not in parts[2])
+
+
+def link_ok(output: dict[str, Any], path: str | Path) -> bool:
+    """A link output still points where it was recorded to."""
+    try:
+        return bool(os.readlink(path) == output["link"])
+    except (OSError, ValueError):
+        return False
+
+
 def cheap_ok(output: dict[str, Any], path: str | Path) -> bool:
     """True if the file at ``path`` still has the stat recorded for it at seal time.
 
@@ -101,6 +119,8 @@ def cheap_ok(output: dict[str, Any], path: str | Path) -> bool:
     moves ctime, which cannot be set back; records written before inode and ctime were kept
     compare what they have. Stdlib only: the no-op fast path calls it.
     """
+    if "link" in output:
+        return link_ok(output, path)
     try:
         st = os.lstat(path)
     except (OSError, ValueError):
@@ -162,6 +182,10 @@ class Entry:
             if only is not None and name != only:
                 continue
             p = self.path / name
+            if "link" in rec:
+                if not link_ok(rec, p):
+                    bad.append(name)
+                continue
             try:
                 st = os.lstat(p)
             except OSError:
@@ -271,6 +295,8 @@ class Store:
         if entry.bad_outputs():
             return False
         for name, rec in entry.outputs.items():
+            if "link" in rec:
+                continue  # checked above, and a link has no stat of its own to keep
             st = os.lstat(entry.path / name)
             mode = stat.S_IMODE(st.st_mode)
             if mode != rec.get("mode", mode) or mode not in (0o444, 0o555):
@@ -461,6 +487,8 @@ def _well_formed(meta: Any) -> bool:
             return False
         if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str):
             return False
+        if "link" in rec and not (isinstance(rec["link"], str) and is_link_target(rec["link"])):
+            return False
         if not all(isinstance(rec.get(k, 0), int) for k in ("size", *STAT_FIELDS)):
             return False
     return isinstance(meta.get("derivation", {}), dict)
@@ -477,12 +505,18 @@ def _seal(out: Path, known: dict[str, str]) -> dict[str, dict[str, Any]]:
     from concurrent.futures import ThreadPoolExecutor
 
     files: dict[str, Path] = {}
+    links: dict[str, str] = {}
     for dirpath, dirnames, filenames in os.walk(out):
         dirnames.sort()
         for name in sorted(filenames):
             p = Path(dirpath) / name
             if p.is_symlink():
-                raise StoreError(f"step output {p.relative_to(out)} is a symlink; refused.")
+                target = os.readlink(p)
+                if p.parent != out or not is_link_target(target):
+                    raise StoreError(f"step output {p.relative_to(out)} is a symlink to "
+                                     f"{target}; only ../<digest>/<output> links are kept.")
+                links[name] = target
+                continue
             os.chmod(p, 0o444 if not os.access(p, os.X_OK) else 0o555)
             files[p.relative_to(out).as_posix()] = p
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -494,6 +528,9 @@ def _seal(out: Path, known: dict[str, str]) -> dict[str, dict[str, Any]]:
     outputs: dict[str, dict[str, Any]] = {}
     for rel, p in files.items():
         outputs[rel] = {"sha256": digests[rel], **stat_record(p.stat())}
+    for rel, target in links.items():
+        outputs[rel] = {"link": target, "sha256": sha256_bytes(f"link\0{target}".encode()),
+                        "size": 0}
     for dirpath, _, _ in os.walk(out, topdown=False):
         _fsync_dir(Path(dirpath))
         os.chmod(dirpath, 0o555)

@@ -17,7 +17,7 @@ import stat
 from dataclasses import dataclass
 
 from qwen38build.digest import sha256_file
-from qwen38build.store import Store, _well_formed
+from qwen38build.store import Store, _well_formed, link_ok
 
 LEFTOVER = "leftover"
 
@@ -77,6 +77,11 @@ def _entry(store: Store, digest: str) -> list[Finding]:
     outputs: dict[str, dict[str, object]] = meta["outputs"]
     for name, rec in sorted(outputs.items()):
         p = folder / name
+        if "link" in rec:
+            if not link_ok(rec, p):
+                found.append(Finding("changed", digest, name,
+                                     f"no longer a link to {rec['link']}"))
+            continue
         try:
             st = os.lstat(p)
         except OSError:

@@ -152,6 +152,10 @@ archs = [{archs}]
 python = "3.12"
 torch = "2.11.0"
 cuda = "13.0"
+
+[build]
+# The unit tests' projects build the patched wheel alone (no kernels, no environment lock).
+outputs = ["vllm"]
 """
 
 
