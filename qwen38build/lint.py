@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import hashlib
+import os
 import re
 import tomllib
 import zipfile
@@ -145,7 +146,13 @@ def load_for_lint(path: Path) -> LoadedRecipe:
             model = recipe_mod.Recipe.model_validate(data)
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ValidationError):
             raise exc from None
-        return LoadedRecipe(model, path.resolve())
+        loaded = LoadedRecipe(model, Path(os.path.realpath(path)))
+        # A path out of the project, a folder or a dangling link as a patch: the lint must
+        # not read those either, so they stay errors; only listing problems become findings.
+        hard = recipe_mod.hard_problems(loaded, missing_ok=True)
+        if hard:
+            raise RecipeError(str(path), hard) from None
+        return loaded
 
 
 class _Context:
@@ -457,13 +464,7 @@ def _hygiene(ctx: _Context, pf: PatchFile) -> Iterator[Finding]:
         if problem.rule == "diff-hygiene":
             yield ctx.finding(pf.path, problem.line, "diff-hygiene", problem.message,
                               problem.hint)
-    for fd in pf.files:
-        if fd.binary:
-            yield ctx.finding(
-                pf.path, fd.patch_line, "diff-hygiene",
-                f"{fd.path} is a binary diff; GNU patch cannot apply it at fuzz 0.",
-                "carry text diffs only; a binary belongs in a build step, not in the series",
-            )
+    for fd in pf.files:  # binary diffs and modes are parse problems, reported above
         for hunk in fd.hunks:
             yield from _hunk_whitespace(ctx, pf, fd, hunk)
 
