@@ -42,10 +42,10 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from qwen38build import recipe as recipe_mod
+from qwen38build import wheelzip
 from qwen38build.errors import PatchFileError, RecipeError
 from qwen38build.patchfile import KINDS, REQUIRED_HEADERS, FileDiff, Hunk, PatchFile
 from qwen38build.recipe import LoadedRecipe, SeriesEntry
-from qwen38build.wheelzip import open_wheel
 
 RULES = ("headers", "series", "env-knobs", "diff-hygiene", "provenance")
 # The patch that registers this stack's local knobs in envs.py (the ledger's registry).
@@ -376,7 +376,7 @@ def read_pristine_knobs(source: Path) -> frozenset[str]:
     """The knobs vLLM's own ``envs.py`` registers; ``source`` is the wheel or the envs.py."""
     try:
         if source.suffix == ".whl":
-            text = open_wheel(source).read(f"vllm/{ENVS_PY}").decode("utf-8")
+            text = wheelzip.read(source, f"vllm/{ENVS_PY}").decode("utf-8")
         else:
             text = source.read_text(encoding="utf-8")
     except (OSError, KeyError, zipfile.BadZipFile, UnicodeDecodeError) as exc:

@@ -23,10 +23,12 @@ VERSION = 1
 def run(ctx: Context) -> None:
     p = ctx.step.params
     filename, sha256 = str(p["filename"]), str(p["sha256"])
+    size = p.get("size")
+    want_size = size if type(size) is int else None
     dest = ctx.out / filename
     ctx.hashed[filename] = sha256  # every path below either checks these bytes or raises
     for candidate in ctx.source_candidates(sha256, filename):
-        if _copy_checked(candidate, dest, sha256):
+        if _copy_checked(candidate, dest, sha256, want_size):
             ctx.report(f"taken from {candidate.parent}")
             return
     with tempfile.TemporaryDirectory(prefix="q38-fetch.") as tmp:
@@ -40,21 +42,32 @@ def run(ctx: Context) -> None:
                 f"names {filename}.",
                 hint="run `qwen38build lock` to re-pin, or check the recipe's platform tag",
             )
-        if not _copy_checked(got, dest, sha256, downloaded=True):
+        if not _copy_checked(got, dest, sha256, want_size, downloaded=True):
             raise AssertionError("unreachable")
 
 
-def _copy_checked(src: Path, dest: Path, sha256: str, *, downloaded: bool = False) -> bool:
-    with src.open("rb") as fi, dest.open("wb") as fo:
-        got, _ = copy_hashing(fi, fo)
-    if got == sha256:
-        return True
-    dest.unlink()
+def _copy_checked(
+    src: Path, dest: Path, sha256: str, size: int | None, *, downloaded: bool = False
+) -> bool:
+    """Copy ``src`` to ``dest`` if it has the lock's size and sha256; else drop the copy.
+
+    The size is checked before a byte is copied and again after (more or fewer bytes are
+    refused), so a file of the wrong size is never hashed into the store.
+    """
+    if size is not None and src.stat().st_size != size:
+        got = f"{src.stat().st_size} bytes, not the lock's {size}"
+    else:
+        with src.open("rb") as fi, dest.open("wb") as fo:
+            got, copied = copy_hashing(fi, fo, limit=None if size is None else size + 1)
+        if got == sha256 and (size is None or copied == size):
+            return True
+        got = (f"sha256 {got} does not match the lock's {sha256}" if got != sha256
+               else f"{copied} bytes, not the lock's {size}")
+        dest.unlink()
     if downloaded:
         src.unlink()
         raise FetchError(
-            f"{src.name}: sha256 {got} does not match the lock's {sha256}; the download "
-            "was deleted and nothing was stored.",
+            f"{src.name}: {got}; the download was deleted and nothing was stored.",
             hint="if the index legitimately changed the file, re-pin with `qwen38build lock`",
         )
     return False
