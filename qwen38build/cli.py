@@ -50,6 +50,56 @@ def load_plan(loaded: LoadedRecipe) -> Plan:
     return make_plan(loaded, lock.read(loaded.root))
 
 
+def check_patch_files(loaded: LoadedRecipe) -> None:
+    """Parse every patch of the series strictly: a link, a mode change, a binary diff or a
+    path out of the package is bad input (exit 2), found before anything is fetched."""
+    from qwen38build.patchfile import PatchFile
+
+    for entry in loaded.series_entries():
+        PatchFile.parse(entry.path)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """The arguments' own rules, checked before any command runs."""
+    from qwen38build.record import check_build_hash
+
+    if args.store is not None and not args.store.strip():
+        raise UsageError("command line: --store is empty.",
+                         hint="give a store directory, or leave --store out for the default")
+    if not args.recipe.strip():
+        raise UsageError("command line: --recipe is empty.", hint="give the recipe.toml path")
+    for name in ("build_hash", "build"):
+        value = getattr(args, name, None)
+        if isinstance(value, str):
+            check_build_hash(value)
+    if getattr(args, "jobs", 1) < 1:
+        raise UsageError(f"command line: --jobs {args.jobs} must be 1 or more.",
+                         hint="give how many arches to compile at once")
+
+
+def check_archs(loaded: LoadedRecipe, wanted: list[str] | None) -> list[str] | None:
+    """``--arch`` values, canonical, each one of the recipe's ``cuda.archs``."""
+    from qwen38build.recipe import normalise_arch
+
+    if not wanted:
+        return None
+    have = list(loaded.recipe.cuda.archs)
+    out = []
+    for value in wanted:
+        try:
+            arch = normalise_arch(value)
+        except ValueError:
+            arch = None
+        if arch not in have:
+            raise UsageError(
+                f"command line: --arch {value!r} is not one of {loaded.path.name}'s "
+                f"cuda.archs ({', '.join(have)}).",
+                hint="give one of those, or add the arch to cuda.archs in the recipe",
+            )
+        out.append(arch)
+    return out
+
+
 def emit(args: argparse.Namespace, data: Any, text: str) -> None:
     import json
 
@@ -68,6 +118,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     store = open_store(args)
     loaded = load_recipe(args)
     plan = load_plan(loaded)  # checks the lock first: a stale lock is bad input (exit 2)
+    check_patch_files(loaded)  # every input is valid before the store is touched
     reporter = make_reporter(quiet=args.quiet)
     # The ledger's rules run before anything is applied; the env-knob rule needs the
     # pristine envs.py, so the (fixed-output) wheel is fetched first.
@@ -252,7 +303,7 @@ def _manifest(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     if build is None:
         link = Path(args.recipe).parent / "result"
         if link.is_symlink():
-            build = Path(os.readlink(link)).name
+            build = Path(os.readlink(link)).name  # read_build checks it is a hash
         else:
             known = roots(store)
             if not known:
@@ -346,7 +397,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     from qwen38build.report import make_reporter
 
     loaded = load_recipe(args)
-    steps = kernel_steps(loaded, args.arch)
+    steps = kernel_steps(loaded, check_archs(loaded, args.arch))
     cubins, wheel = steps[:-1], steps[-1]
     store = open_store(args)
     reporter = make_reporter(quiet=args.quiet)
@@ -406,6 +457,13 @@ def cmd_lint(args: argparse.Namespace) -> int:
     # Lint reports a series that disagrees with its folders as findings with their lines,
     # so it loads the recipe's schema only.
     loaded = lint.load_for_lint(Path(args.recipe))
+    # A listed patch that is missing is the same error as for build: nothing to lint.
+    from qwen38build.errors import RecipeError
+    from qwen38build.recipe import entry_problems
+
+    missing = entry_problems(loaded)
+    if missing:
+        raise RecipeError(args.recipe, missing)
     try:
         pristine = _pristine_wheel(open_store(args), load_plan(loaded))
     except Qwen38BuildError:
@@ -463,8 +521,15 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with ``only``, that command's sub-parser alone is built."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="qwen38build", description=DESCRIPTION,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    class Parser(argparse.ArgumentParser):
+        """argparse, but a usage mistake is a UsageError: one line, exit 2, via main."""
+
+        def error(self, message: str) -> Any:
+            raise UsageError(f"command line: {message}.",
+                             hint=f"run `{self.prog} --help` for the usage")
+
+    p = Parser(prog="qwen38build", description=DESCRIPTION,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", default="recipe.toml", help="the recipe (default: ./recipe.toml)")
     p.add_argument("--store", help="store directory (default: $QWEN38BUILD_STORE or the user "
                    "cache dir)")
@@ -542,7 +607,30 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """The one error boundary: every error becomes one ``error:`` line and an exit code.
+
+    Our errors carry their own exit code; a foreign one that got past its seam is
+    translated here (an OSError names its file), and anything else is reported as an
+    internal error in one line. No traceback reaches a user.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _run(argv)
+    except Qwen38BuildError as exc:
+        return _fail(exc, argv)
+    except BrokenPipeError:
+        # `qwen38build plan --json | head -1`: the reader left; say nothing more.
+        _quiet_stdout()
+        return int(ExitCode.BROKEN_PIPE)
+    except KeyboardInterrupt:
+        print("error: interrupted; the store is unchanged by the unfinished step",
+              file=sys.stderr)
+        return 130
+    except Exception as exc:  # the last-resort net
+        return _fail(_translate(exc), argv)
+
+
+def _run(argv: list[str]) -> int:
     from qwen38build.fastpath import try_noop
 
     done = try_noop(argv)
@@ -550,14 +638,56 @@ def main(argv: list[str] | None = None) -> int:
         return done
     command = _command_of(argv)
     args = parser(command if command in COMMANDS else None).parse_args(argv)
-    try:
-        return int(args.func(args))
-    except Qwen38BuildError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
-        return int(exc.exit_code)
-    except KeyboardInterrupt:
-        print("error: interrupted; the store is unchanged by the unfinished step",
-              file=sys.stderr)
-        return 130
+    check_args(args)
+    return int(args.func(args))
+
+
+def _fail(exc: Qwen38BuildError, argv: list[str]) -> int:
+    from qwen38build.errors import as_json, one_line
+
+    if "--json" in argv:
+        import json
+
+        line = json.dumps(as_json(exc), sort_keys=True)
+    elif exc.exit_code == ExitCode.BAD_INPUT:
+        line = "error: " + one_line(exc)  # bad input: exactly one line
+    else:  # a failed build or check: its details (hunk, file, line) are the point
+        line = f"error: {exc}" + (f"\nhint: {exc.hint}" if exc.hint else "")
+    import contextlib
+
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr)
+    return int(exc.exit_code)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush cannot complain."""
+    import contextlib
+
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _translate(exc: Exception) -> Qwen38BuildError:
+    """A foreign error that escaped its seam, as one of ours (never a traceback)."""
+    import json
+    import subprocess
+    import zipfile
+
+    from qwen38build.errors import InputError, from_os_error
+
+    if isinstance(exc, OSError):
+        return from_os_error(exc)
+    if isinstance(exc, json.JSONDecodeError):
+        return InputError(f"(a JSON file):{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}.",
+                          hint="run again with the file fixed or removed")
+    if isinstance(exc, zipfile.BadZipFile):
+        return InputError(f"(a zip file): {exc}.", hint="fetch or re-pin the wheel")
+    if isinstance(exc, subprocess.SubprocessError):
+        return Qwen38BuildError(f"a subprocess failed: {exc}.")
+    if type(exc).__name__ == "ValidationError":  # pydantic's, not imported here for speed
+        return InputError(f"invalid data: {' '.join(str(exc).split())}.")
+    return Qwen38BuildError(
+        f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())}.",
+        hint="this is a bug in qwen38build; please report it with the command line",
+    )

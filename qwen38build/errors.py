@@ -16,6 +16,7 @@ class ExitCode(enum.IntEnum):
     OK = 0
     FAILED = 1  # a build, a check or a comparison failed
     BAD_INPUT = 2  # the user's input or usage is wrong; nothing was touched
+    BROKEN_PIPE = 141  # stdout's reader left (128 + SIGPIPE, as a shell reports it)
 
 
 class Qwen38BuildError(Exception):

@@ -5,10 +5,12 @@ explained after the recipe has moved on; roots that gc keeps; per-step history f
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qwen38build.errors import UsageError
+from qwen38build.errors import StoreError, UsageError
 
 if TYPE_CHECKING:
     from qwen38build.executor import Outcome
@@ -16,6 +18,7 @@ if TYPE_CHECKING:
     from qwen38build.store import Store
 
 RECORD_FORMAT = 1
+HASH_RE = re.compile(r"[0-9a-f]{8,64}")
 
 
 def write_build(store: Store, top: Step, outcomes: dict[str, Outcome], root_name: str) -> Path:
@@ -44,17 +47,51 @@ def write_build(store: Store, top: Step, outcomes: dict[str, Outcome], root_name
     return path
 
 
+def check_build_hash(value: str) -> str:
+    """``value`` if it is a build hash or a prefix of one: 8 to 64 lowercase hex digits.
+
+    Never a glob and never a path: it is compared with the names in ``builds/`` only.
+    """
+    if not HASH_RE.fullmatch(value):
+        raise UsageError(
+            f"command line: {value!r} is not a build hash (8 to 64 lowercase hex digits).",
+            hint="give a build hash printed by `qwen38build build`",
+        )
+    return value
+
+
 def read_build(store: Store, build_hash: str) -> dict[str, Any]:
-    """The record of a build, by its full hash or an unambiguous prefix."""
-    matches = sorted(store.builds.glob(f"{build_hash}*.json")) if store.builds.is_dir() else []
-    if not matches or len(build_hash) < 6:
+    """The record of a build, by its full hash or an unambiguous prefix (8+ hex digits).
+
+    The prefix is matched against the listing of ``builds/`` as plain text: no glob, no path.
+    """
+    check_build_hash(build_hash)
+    try:
+        names = [n for n in os.listdir(store.builds) if n.endswith(".json")]
+    except FileNotFoundError:
+        names = []
+    except OSError as exc:
+        from qwen38build.errors import from_os_error
+
+        raise from_os_error(exc, "listing the build records") from None
+    matches = sorted(n for n in names if n.startswith(build_hash)
+                     and HASH_RE.fullmatch(n[: -len(".json")]))
+    if not matches:
         raise UsageError(
             f"no build {build_hash!r} is recorded in the store {store.root}.",
-            hint="give a build hash printed by `qwen38build build` (6 characters at least)",
+            hint="give a build hash printed by `qwen38build build`",
         )
     if len(matches) > 1:
         raise UsageError(f"build hash prefix {build_hash!r} is ambiguous; give more characters.")
-    data: dict[str, Any] = json.loads(matches[0].read_text())
+    path = store.builds / matches[0]
+    try:
+        data = json.loads(path.read_bytes())
+        if not isinstance(data, dict) or not isinstance(data.get("steps"), list) \
+                or data.get("build") != matches[0][: -len(".json")]:
+            raise ValueError("not a build record of this hash")
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"{path}: unreadable build record: {exc}.",
+                         hint="remove it, and rebuild or reproduce that build") from None
     return data
 
 

@@ -401,6 +401,11 @@ def export(
     topic must have its commit, in series order (InputError otherwise).
     """
     repo = dest.resolve()
+    if not (repo / ".git").exists():
+        raise InputError(
+            f"{dest}: {'is not a git workspace' if repo.is_dir() else 'does not exist'}.",
+            hint="give the folder `qwen38build workspace create` made",
+        )
     pin = loaded.recipe.vllm.version
     found = topics_of(loaded, repo)
     order = [e.row_name for e in loaded.series_entries()]
