@@ -32,9 +32,20 @@ content-addressed store. Exit codes: 0 ok, 1 a build or check failed, 2 bad inpu
 
 
 def open_store(args: argparse.Namespace) -> Store:
+    """The store named by --store (or the default); a file where it, or a folder above
+    it, should be is bad input, found before anything is read or written there."""
     from qwen38build.store import Store, default_root
 
-    return Store(Path(args.store) if args.store else default_root())
+    root = Path(args.store) if args.store else default_root()
+    probe = root
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    if os.path.lexists(probe) and not os.path.isdir(probe):
+        raise UsageError(
+            f"{probe}: the store {root} needs a folder here, but a file stands there.",
+            hint="pass --store DIR naming a folder (or a path that does not exist yet)",
+        )
+    return Store(root)
 
 
 def load_recipe(args: argparse.Namespace) -> LoadedRecipe:
@@ -649,7 +660,7 @@ def _fail(exc: Qwen38BuildError, argv: list[str]) -> int:
         import json
 
         line = json.dumps(as_json(exc), sort_keys=True)
-    elif exc.exit_code == ExitCode.BAD_INPUT:
+    elif exc.exit_code == ExitCode.BAD_INPUT or "\n" not in exc.message:
         line = "error: " + one_line(exc)  # bad input: exactly one line
     else:  # a failed build or check: its details (hunk, file, line) are the point
         line = f"error: {exc}" + (f"\nhint: {exc.hint}" if exc.hint else "")

@@ -115,8 +115,8 @@ def _entry_problems(entry: dict[str, Any]) -> list[str]:
         elif not isinstance(value, str) or not value or value != value.strip() \
                 or not value.isprintable():
             problems.append(f"{key}: {value!r} is not a plain non-empty string")
-    if problems:
-        return problems
+    if problems or any(key not in entry for key in _FIELDS):
+        return problems  # the missing keys are reported by the caller
     if not _SHA256_RE.fullmatch(entry["sha256"]):
         problems.append(f"sha256: {entry['sha256']!r} is not 64 lowercase hex digits")
     try:

@@ -338,7 +338,7 @@ def _package_path(raw: str, *, line: int, problems: list[Problem]) -> str | None
         ))
         return raw
     p = PurePosixPath(rel)
-    if p.is_absolute() or ".." in p.parts or not rel:
+    if p.is_absolute() or ".." in p.parts or not rel or "\\" in rel or "\0" in rel:
         problems.append(Problem(
             line, "diff-hygiene", f"diff path {raw!r} leaves the vllm/ package.",
             "paths must be relative to the vllm/ package (a/<path>, b/<path>), without '..'",
@@ -374,7 +374,17 @@ _MODE_LINE_RE = re.compile(
 )
 
 
+_BINARY_RE = re.compile(r"^Binary files (?P<old>\S+) and (?P<new>\S+) differ$")
+_RENAME_RE = re.compile(r"^(?:rename|copy) (?:from|to) (?P<path>.*)$")
+
+
 def _mode_problem(raw: str, *, line: int, problems: list[Problem]) -> None:
+    """A git header line that gives a mode other than a regular file's, or a rename or
+    copy whose path leaves the package."""
+    r = _RENAME_RE.match(raw.removesuffix("\r"))
+    if r is not None:
+        _package_path("a/" + r.group("path"), line=line, problems=problems)
+        return
     m = _MODE_LINE_RE.match(raw.removesuffix("\r"))
     if m is None:
         return
@@ -421,6 +431,7 @@ def _parse_diff(
                 i += 1
         elif line.startswith(("Binary files", "GIT binary patch")):
             binary = True
+            i += 1  # past it: the trailer's skip stops at the next diff start
         if i < n and lines[i].startswith("--- "):
             old = _package_path(lines[i][4:], line=first_line + i, problems=problems)
             i += 1
@@ -437,8 +448,10 @@ def _parse_diff(
             parts = lines[start].removesuffix("\r").split(" ")
             old = new = _package_path(parts[-1], line=first_line + start, problems=problems)
         else:
+            bare = _BINARY_RE.match(lines[start].removesuffix("\r"))
             parts = lines[start].removesuffix("\r").split(" ")
-            new = _package_path(parts[-1], line=first_line + start, problems=problems)
+            raw = bare.group("new") if bare else parts[-1]
+            new = _package_path(raw, line=first_line + start, problems=problems)
         hunks: list[Hunk] = []
         while i < n and lines[i].startswith("@@"):
             hunk, i = _parse_hunk(lines, i, first_line=first_line, problems=problems)

@@ -23,7 +23,6 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    field_validator,
 )
 
 from qwen38build.errors import RecipeError
@@ -58,6 +57,14 @@ def _check_hex(value: str) -> str:
     return value
 
 
+def _check_patch_name(name: str) -> str:
+    bad = "/" in name or "\\" in name or "\0" in name or name.startswith(".")
+    if bad or not name.endswith(".patch") or not name.isprintable():
+        raise ValueError(f"{name!r} must be a bare file name ending in .patch")
+    return name
+
+
+PatchName = Annotated[str, AfterValidator(_check_patch_name)]
 PepVersion = Annotated[str, AfterValidator(_check_version)]
 Arch = Annotated[str, BeforeValidator(normalise_arch)]
 Commit = Annotated[str, AfterValidator(_check_hex)]
@@ -88,15 +95,7 @@ class Group(_Model):
     """One folder of patches, applied in the order listed."""
 
     dir: str
-    patches: list[str] = Field(default_factory=list)
-
-    @field_validator("patches")
-    @classmethod
-    def _names(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if "/" in name or not name.endswith(".patch"):
-                raise ValueError(f"{name!r} must be a bare file name ending in .patch")
-        return value
+    patches: list[PatchName] = Field(default_factory=list)
 
 
 class Series(_Model):

@@ -62,6 +62,27 @@ def open_wheel(path: Path) -> zipfile.ZipFile:
     return z
 
 
+def check_wheel(path: Path) -> None:
+    """Refuse a file that is not a wheel we can trust to unpack, before it is stored.
+
+    A zip whose every member passes :func:`safe_member`, with one ``*.dist-info/RECORD``
+    at its top that parses. Not cached: the file is about to move into the store.
+    """
+    try:
+        with zipfile.ZipFile(path) as z:
+            infos = _check_members(path, z)
+            records = [n for n in infos if n.count("/") == 1 and n.endswith(".dist-info/RECORD")]
+            if len(records) != 1:
+                raise InputError(
+                    f"{path.name}: has {len(records)} */*.dist-info/RECORD members, not one.",
+                    hint="this is not a wheel to build from; check the lock's pin")
+            _read_record(z.read(records[0]), f"{path.name}:{records[0]}")
+    except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
+        raise InputError(f"{path.name}: not a wheel (a zip file): {exc}.",
+                         hint="check the lock's pin; the file is damaged or not a wheel",
+                         ) from None
+
+
 def member_infos(wheel: Path) -> dict[str, zipfile.ZipInfo]:
     """Every member of ``wheel`` by name, each past :func:`safe_member`."""
     z = open_wheel(wheel)

@@ -30,6 +30,7 @@ def run(ctx: Context) -> None:
     for candidate in ctx.source_candidates(sha256, filename):
         if _copy_checked(candidate, dest, sha256, want_size):
             ctx.report(f"taken from {candidate.parent}")
+            _check_wheel(dest)
             return
     with tempfile.TemporaryDirectory(prefix="q38-fetch.") as tmp:
         got = pip_download(
@@ -44,6 +45,16 @@ def run(ctx: Context) -> None:
             )
         if not _copy_checked(got, dest, sha256, want_size, downloaded=True):
             raise AssertionError("unreachable")
+    _check_wheel(dest)
+
+
+def _check_wheel(path: Path) -> None:
+    """A pinned wheel that is no safe zip never enters the store (its sha256 held, so the
+    lock pins a bad file: bad input)."""
+    if path.suffix == ".whl":
+        from qwen38build.wheelzip import check_wheel
+
+        check_wheel(path)
 
 
 def _copy_checked(
