@@ -45,7 +45,13 @@ def open_store(args: argparse.Namespace) -> Store:
             f"{probe}: the store {root} needs a folder here, but a file stands there.",
             hint="pass --store DIR naming a folder (or a path that does not exist yet)",
         )
+    _STORES.append(str(root))
     return Store(root)
+
+
+# The stores this run opened: an OSError that names no file (a write into an open file
+# on a full disk) is then said to be about the store, the only place the tool writes.
+_STORES: list[str] = []
 
 
 def load_recipe(args: argparse.Namespace) -> LoadedRecipe:
@@ -688,6 +694,9 @@ def _translate(exc: Exception) -> Qwen38BuildError:
     from qwen38build.errors import InputError, from_os_error
 
     if isinstance(exc, OSError):
+        if exc.filename is None and _STORES:
+            exc.filename = _STORES[-1]
+            return from_os_error(exc, "writing to the store")
         return from_os_error(exc)
     if isinstance(exc, json.JSONDecodeError):
         return InputError(f"(a JSON file):{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}.",

@@ -997,7 +997,7 @@ def test_bad_input_is_refused_in_one_line_touching_nothing(
     from qwen38build.cli import main
 
     code = main(argv)
-    out, err = capsys.readouterr()
+    _, err = capsys.readouterr()
     assert (code, err.count("\n")) == (c.code, 1), err
     assert "Traceback" not in err
     if "--json" in argv:  # the error as one JSON object instead
@@ -1013,10 +1013,10 @@ def test_bad_input_is_refused_in_one_line_touching_nothing(
 # -- through a real process: no traceback, and the pipe ---------------------------------------
 
 
-def _cli(*argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
+def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PIP_NO_INDEX": "1"}
     return subprocess.run([sys.executable, "-m", "qwen38build", *argv], capture_output=True,
-                          text=True, env=env, check=False, cwd=REPO, **kw)  # type: ignore[call-overload]
+                          text=True, env=env, check=False, cwd=REPO)
 
 
 @pytest.mark.parametrize("argv", [
@@ -1046,15 +1046,15 @@ def test_a_bad_lock_through_a_real_process(template: Template, tmp_path: Path) -
 
 def test_a_closed_pipe_exits_quietly(template: Template, tmp_path: Path) -> None:
     env = make_env(template, tmp_path)
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "qwen38build", "--recipe", str(env.recipe), "--store",
          str(env.store), "plan", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    proc.stdout.close()  # the reader leaves before a byte is written (as `| head -0`)
-    err = proc.stderr.read().decode()
-    assert proc.wait() == 141
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # the reader leaves before a byte is written (as `| head -0`)
+        err = proc.stderr.read().decode()
+        assert proc.wait() == 141
     assert err == ""
 
 
