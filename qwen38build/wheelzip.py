@@ -20,7 +20,6 @@ import struct
 import zipfile
 import zlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from qwen38build.errors import InputError
@@ -183,11 +182,16 @@ def _check_members(path: Path, z: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]
     return out
 
 
-@dataclass(frozen=True)
 class _Member:
-    name: str
-    info: zipfile.ZipInfo | None  # None: a new member
-    data: bytes | None  # None: copy the pristine bytes raw
+    """One member of the output wheel. A plain class, not a dataclass: verify imports
+    this module for :func:`safe_member`, and dataclasses (inspect) would double its cost."""
+
+    __slots__ = ("data", "info", "name")
+
+    def __init__(self, name: str, info: zipfile.ZipInfo | None, data: bytes | None) -> None:
+        self.name = name
+        self.info = info  # None: a new member
+        self.data = data  # None: copy the pristine bytes raw
 
 
 class PatchedWheel:

@@ -1136,3 +1136,26 @@ def test_a_full_disk_is_one_line(template: Template, tmp_path: Path) -> None:
     assert isinstance(after, dict)
     # Nothing half-written: besides the filler, only empty folders (and file locks) remain.
     assert {k for k, v in after.items() if v.split(":", 1)[1]} == {"fill"}, after
+
+
+@pytest.mark.parametrize("body,finding", [
+    ("diff --git a/evil b/evil\nnew file mode 120000\nindex 0000000..1111111\n--- /dev/null\n"
+     "+++ b/evil\n@@ -0,0 +1 @@\n+/etc/passwd\n", ":11: [diff-hygiene] a symbolic link"),
+    ("diff --git a/server.py b/server.py\nold mode 100644\nnew mode 100755\n",
+     ":11: [diff-hygiene] a mode change"),
+    ("diff --git a/k.so b/k.so\nindex 1111111..2222222 100644\n"
+     "Binary files a/k.so and b/k.so differ\n", ":10: [diff-hygiene] k.so is a binary diff"),
+], ids=["symlink", "mode-change", "binary"])
+def test_lint_reports_unsafe_patch_files_as_findings(
+    body: str, finding: str, template: Template, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The build refuses these (exit 2); the lint names each as a finding with its line."""
+    monkeypatch.setenv("QWEN38BUILD_SOURCES", str(template.wheels))
+    env = make_env(template, tmp_path)
+    env.patch(body)
+    from qwen38build.cli import main
+
+    assert main(["--recipe", str(env.recipe), "--store", str(env.store), "lint"]) == 1
+    out = capsys.readouterr().out
+    assert f"patches/route-fix.patch{finding}" in out, out
