@@ -312,7 +312,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 
 def _manifest(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
-    from qwen38build.record import read_build, roots
+    from qwen38build.record import check_build_hash, read_build, roots
     from qwen38build.verify import read_manifest
 
     store = open_store(args)
@@ -331,8 +331,15 @@ def _manifest(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     if not (out / "manifest.json").exists():
         raise UsageError(f"build {rec['build'][:12]} is not in the store any more.",
                          hint=f"run `qwen38build reproduce {rec['build'][:12]}` or rebuild")
-    patched = next(s for s in rec["steps"] if s["derivation"]["kind"] == "patch")
-    return read_manifest(out), store.objects / patched["digest"] / "tree"
+    try:
+        patched = next(s for s in rec["steps"] if s["derivation"]["kind"] == "patch")
+        tree = store.objects / check_build_hash(str(patched["digest"])) / "tree"
+    except (KeyError, TypeError, StopIteration, UsageError):
+        from qwen38build.errors import StoreError
+
+        raise StoreError(f"{store.builds / rec['build']}.json: the record has no valid "
+                         "patch step.", hint="remove it, and rebuild that build") from None
+    return read_manifest(out), tree
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -731,6 +731,14 @@ def _(env: Env) -> list[str]:
     return ["verify", str(env.tmp), "--build", env.build]
 
 
+@case("store-record-no-patch-step", "builds/", "no valid patch step", code=1)
+def _(env: Env) -> list[str]:
+    data = json.loads(_record(env).read_text())
+    data["steps"] = [{"derivation": {"kind": "patch"}, "digest": "../../../etc"}]
+    _record(env).write_text(json.dumps(data))
+    return ["apply", str(env.tmp / "site"), "--build", env.build]
+
+
 def _manifest(env: Env) -> Path:
     path = env.store / "objects" / env.build / "manifest.json"
     _writable(path.parent)
@@ -1078,7 +1086,7 @@ code = main(spec["argv"])
 sys.stderr = sys.__stderr__
 after = snapshot(Path(spec["store"]))
 print(json.dumps({"code": code, "err": err.getvalue(), "same": after == before,
-                  "after": after}))
+                  "after": after, "planned": "qwen38build.plan" in sys.modules}))
 """
 
 
@@ -1159,3 +1167,24 @@ def test_lint_reports_unsafe_patch_files_as_findings(
     assert main(["--recipe", str(env.recipe), "--store", str(env.store), "lint"]) == 1
     out = capsys.readouterr().out
     assert f"patches/route-fix.patch{finding}" in out, out
+
+
+def test_the_fast_path_is_inside_the_boundary(template: Template, tmp_path: Path) -> None:
+    """A no-op answered by the fast path that cannot write ./result (a read-only project)
+    fails in one line too, and it was the fast path that answered (nothing was planned)."""
+    env = make_env(template, tmp_path)
+    os.environ["QWEN38BUILD_SOURCES"] = str(template.wheels)
+    from qwen38build.cli import main
+
+    argv = ["--recipe", str(env.recipe), "--store", str(env.store), "build", "-q"]
+    assert main(argv) == 0  # leaves the fast path's record for this project
+    root = str(env.root)
+    result = _in_namespace({
+        "mounts": [["mount", "--bind", root, root], ["mount", "-o", "remount,bind,ro", root]],
+        "store": str(env.store),
+        "argv": argv,
+    })
+    err = str(result["err"])
+    assert result["code"] == 1 and err.count("\n") == 1, err
+    assert "Read-only file system" in err and root in err, err
+    assert result["same"] and result["planned"] is False
