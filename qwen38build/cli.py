@@ -371,6 +371,7 @@ def cmd_workspace_create(args: argparse.Namespace) -> int:
     from qwen38build.workspace import create
 
     loaded = load_recipe(args)
+    check_patch_files(loaded)  # before the folder is made or the wheel fetched
     dest = Path(args.dir) if args.dir else loaded.root / "workspace"
     repo = create(loaded, open_store(args), dest)
     print(f"workspace {repo} (tag v{loaded.recipe.vllm.version}, one commit per topic)")
@@ -402,7 +403,9 @@ def cmd_bump(args: argparse.Namespace) -> int:
 
     if args.package != "vllm":
         raise UsageError(f"cannot bump {args.package!r}; only vllm is pinned by version.")
-    report = bump(load_recipe(args), open_store(args), args.version, dry_run=args.dry_run,
+    loaded = load_recipe(args)
+    check_patch_files(loaded)
+    report = bump(loaded, open_store(args), args.version, dry_run=args.dry_run,
                   rebase=Path(args.rebase) if args.rebase else None)
     emit(args, report.to_json(), report.to_markdown())
     ok = report.ok and (report.rebase is None or report.rebase.ok)

@@ -1018,6 +1018,35 @@ def test_bad_input_is_refused_in_one_line_touching_nothing(
     assert not Path("/tmp/q38-x").exists()
 
 
+FRESH = ["recipe-group-dir-dotdot", "recipe-entry-missing", "lock-filename-absolute",
+         "lock-size-string", "patch-symlink-new", "patch-mode-change", "workspace-symlink-patch",
+         "args-kernels-arch-banana", "args-reproduce-glob", "wheel-zip-slip"]
+
+
+@pytest.mark.parametrize("c", [c for c in CASES if c.id in FRESH], ids=FRESH)
+def test_bad_input_creates_no_store(
+    c: Case, template: Template, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With no store yet, bad input leaves none behind (no locks/, no tmp/), and makes no
+    workspace folder either."""
+    monkeypatch.setenv("QWEN38BUILD_SOURCES", str(template.wheels))
+    env = make_env(template, tmp_path)
+    env.store = tmp_path / "fresh-store"
+    argv = c.setup(env)
+    from qwen38build.cli import main
+
+    code = main(["--recipe", str(env.recipe), "--store", str(env.store), *argv])
+    if c.id == "wheel-zip-slip":  # the wheel is read only once fetched: no entry, no tmp
+        assert code == 2
+        assert not any((env.store / "objects").glob("*.json"))
+        assert not any((env.store / "tmp").iterdir())
+    else:
+        assert (code, env.store.exists()) == (c.code, False)
+    assert not (tmp_path / "ws").exists()
+    assert capsys.readouterr().err.count("\n") == 1
+
+
 # -- through a real process: no traceback, and the pipe ---------------------------------------
 
 
