@@ -147,7 +147,12 @@ def _sizes(top: str, prefix: str) -> dict[str, int]:
                     if entry.name != "__pycache__":
                         stack.append((entry.path, name))
                 elif not entry.name.endswith(".pyc"):
-                    out[name] = entry.stat().st_size
+                    try:
+                        out[name] = entry.stat().st_size
+                    except OSError as exc:  # a link loop, a dangling link: name it here
+                        from qwen38build.errors import from_os_error
+
+                        raise from_os_error(exc, "reading the installed tree") from None
     return out
 
 

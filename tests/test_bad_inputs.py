@@ -895,6 +895,20 @@ def _(env: Env) -> list[str]:
     return build(env)
 
 
+@case("fs-verify-tree-link-loop", "site/vllm/loop", "Too many levels of symbolic links")
+def _(env: Env) -> list[str]:
+    loop = env.tmp / "site" / "vllm" / "loop"
+    loop.symlink_to(loop)
+    return ["verify", str(env.tmp / "site"), "--build", env.build]
+
+
+@case("fs-verify-tree-unreadable-dir-link", "site/vllm/sub", "Too many levels")
+def _(env: Env) -> list[str]:
+    sub = env.tmp / "site" / "vllm" / "sub"
+    sub.symlink_to(sub / "deeper")
+    return ["verify", str(env.tmp / "site"), "--build", env.build, "--full"]
+
+
 @case("fs-recipe-folder-a-file", "cannot read")
 def _(env: Env) -> list[str]:
     return ["--recipe", str(env.recipe / "recipe.toml"), "build"]
