@@ -52,12 +52,11 @@ import re
 import subprocess
 import tempfile
 import time
-import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from qwen38build import envlock, upstreamed, workspace
+from qwen38build import envlock, upstreamed, wheelzip, workspace
 from qwen38build import lock as lockmod
 from qwen38build.digest import sha256_file
 from qwen38build.errors import InputError, LockError, Qwen38BuildError
@@ -347,9 +346,10 @@ def _in_store(store: Store, filename: str) -> tuple[str, int] | None:
 def _read_members(wheel: Path, rels: set[str]) -> tuple[dict[str, bytes | None], set[str]]:
     """The package files ``rels`` of ``wheel`` (None where absent) and its package paths."""
     prefix = f"{PACKAGE}/"
-    with zipfile.ZipFile(wheel) as z:
-        names = {n[len(prefix):] for n in z.namelist() if n.startswith(prefix)}
-        files = {rel: (z.read(prefix + rel) if rel in names else None) for rel in rels}
+    # Through the one member check: a wheel with an unsafe member is refused here too.
+    names = {n[len(prefix):] for n in wheelzip.member_infos(wheel) if n.startswith(prefix)}
+    files = {rel: (wheelzip.read(wheel, prefix + rel) if rel in names else None)
+             for rel in rels}
     return files, names
 
 

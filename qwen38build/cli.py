@@ -32,9 +32,26 @@ content-addressed store. Exit codes: 0 ok, 1 a build or check failed, 2 bad inpu
 
 
 def open_store(args: argparse.Namespace) -> Store:
+    """The store named by --store (or the default); a file where it, or a folder above
+    it, should be is bad input, found before anything is read or written there."""
     from qwen38build.store import Store, default_root
 
-    return Store(Path(args.store) if args.store else default_root())
+    root = Path(args.store) if args.store else default_root()
+    probe = root
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    if os.path.lexists(probe) and not os.path.isdir(probe):
+        raise UsageError(
+            f"{probe}: the store {root} needs a folder here, but a file stands there.",
+            hint="pass --store DIR naming a folder (or a path that does not exist yet)",
+        )
+    _STORES.append(str(root))
+    return Store(root)
+
+
+# The stores this run opened: an OSError that names no file (a write into an open file
+# on a full disk) is then said to be about the store, the only place the tool writes.
+_STORES: list[str] = []
 
 
 def load_recipe(args: argparse.Namespace) -> LoadedRecipe:
@@ -52,6 +69,56 @@ def load_plan(
 
     return make_plan(loaded, lock.read(loaded.root), only=only,
                      system_nvcc=system_nvcc_requested(system_nvcc))
+
+
+def check_patch_files(loaded: LoadedRecipe) -> None:
+    """Parse every patch of the series strictly: a link, a mode change, a binary diff or a
+    path out of the package is bad input (exit 2), found before anything is fetched."""
+    from qwen38build.patchfile import PatchFile
+
+    for entry in loaded.series_entries():
+        PatchFile.parse(entry.path)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """The arguments' own rules, checked before any command runs."""
+    from qwen38build.record import check_build_hash
+
+    if args.store is not None and not args.store.strip():
+        raise UsageError("command line: --store is empty.",
+                         hint="give a store directory, or leave --store out for the default")
+    if not args.recipe.strip():
+        raise UsageError("command line: --recipe is empty.", hint="give the recipe.toml path")
+    for name in ("build_hash", "build"):
+        value = getattr(args, name, None)
+        if isinstance(value, str):
+            check_build_hash(value)
+    if getattr(args, "jobs", 1) < 1:
+        raise UsageError(f"command line: --jobs {args.jobs} must be 1 or more.",
+                         hint="give how many arches to compile at once")
+
+
+def check_archs(loaded: LoadedRecipe, wanted: list[str] | None) -> list[str] | None:
+    """``--arch`` values, canonical, each one of the recipe's ``cuda.archs``."""
+    from qwen38build.recipe import normalise_arch
+
+    if not wanted:
+        return None
+    have = list(loaded.recipe.cuda.archs)
+    out = []
+    for value in wanted:
+        try:
+            arch = normalise_arch(value)
+        except ValueError:
+            arch = None
+        if arch not in have:
+            raise UsageError(
+                f"command line: --arch {value!r} is not one of {loaded.path.name}'s "
+                f"cuda.archs ({', '.join(have)}).",
+                hint="give one of those, or add the arch to cuda.archs in the recipe",
+            )
+        out.append(arch)
+    return out
 
 
 def emit(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -74,6 +141,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     with Collector(recipe_dir, (*default_excludes(), str(store.root))) as reads:
         loaded = load_recipe(args)
         plan = load_plan(loaded, only=_only(args), system_nvcc=args.system_nvcc)
+        check_patch_files(loaded)  # every input is valid before the store is touched
         reporter = make_reporter(quiet=args.quiet)
         # One store session for the whole build: its temporary roots keep everything it
         # makes or uses from gc until the record, the root and ./result are in place.
@@ -302,7 +370,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def _manifest(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
-    from qwen38build.record import read_build, roots
+    from qwen38build.record import check_build_hash, read_build, roots
     from qwen38build.verify import read_manifest
 
     store = open_store(args)
@@ -310,20 +378,41 @@ def _manifest(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     if build is None:
         link = Path(args.recipe).parent / "result"
         if link.is_symlink():
-            build = Path(os.readlink(link)).name
+            build = Path(os.readlink(link)).name  # read_build checks it is a hash
         else:
-            known = roots(store)
-            if not known:
-                raise UsageError("no build to compare with.", hint="run `qwen38build build` first")
-            build = sorted(known.values())[0]
+            build = _last_vllm_build(store, roots(store))
     rec = read_build(store, build)
-    out = store.objects / rec["build"]
-    if not (out / "manifest.json").exists():
-        raise UsageError(f"build {rec['build'][:12]} is not in the store any more.",
-                         hint=f"run `qwen38build reproduce {rec['build'][:12]}` or rebuild")
-    patched = next(s for s in rec["steps"] if s["derivation"]["kind"] == "patch")
-    store.verified(rec["build"], "manifest.json")  # the manifest's own bytes, re-hashed
-    return read_manifest(out), store.objects / patched["digest"] / "tree"
+    try:
+        patched = next(s for s in rec["steps"] if s["derivation"]["kind"] == "patch")
+        wheel = next(s for s in rec["steps"] if s["derivation"]["kind"] == "wheel")
+        tree = store.objects / check_build_hash(str(patched["digest"])) / "tree"
+        wheel_digest = check_build_hash(str(wheel["digest"]))
+    except (KeyError, TypeError, StopIteration, UsageError):
+        from qwen38build.errors import StoreError
+
+        raise StoreError(f"{store.builds / rec['build']}.json: the record has no valid "
+                         "patch and wheel steps.",
+                         hint="remove it, and rebuild that build") from None
+    # The patched wheel's own entry (a stack links to it): its manifest, re-hashed.
+    store.verified(wheel_digest, "manifest.json")
+    return read_manifest(store.objects / wheel_digest), tree
+
+
+def _last_vllm_build(store: Store, known: dict[str, str]) -> str:
+    """The first root (by name) whose build holds a patched vLLM wheel (a kernels-only
+    root does not)."""
+    from qwen38build.record import read_build
+
+    for name in sorted(known):
+        try:
+            rec = read_build(store, known[name])
+        except Qwen38BuildError:
+            continue
+        if any(s.get("derivation", {}).get("kind") == "wheel" for s in rec["steps"]
+               if isinstance(s, dict)):
+            return known[name]
+    raise UsageError("no build of a patched vLLM wheel to compare with.",
+                     hint="run `qwen38build build` first, or give --build HASH")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -355,6 +444,7 @@ def cmd_workspace_create(args: argparse.Namespace) -> int:
     from qwen38build.workspace import create
 
     loaded = load_recipe(args)
+    check_patch_files(loaded)  # before the folder is made or the wheel fetched
     dest = Path(args.dir) if args.dir else loaded.root / "workspace"
     repo = create(loaded, open_store(args), dest)
     print(f"workspace {repo} (tag v{loaded.recipe.vllm.version}, one commit per topic)")
@@ -388,7 +478,9 @@ def cmd_bump(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot bump {args.package!r}; only vllm is pinned by version.")
     if args.retire and args.dry_run:
         raise UsageError("--retire changes the recipe; it cannot go with --dry-run.")
-    report = bump(load_recipe(args), open_store(args), args.version, dry_run=args.dry_run,
+    loaded = load_recipe(args)
+    check_patch_files(loaded)
+    report = bump(loaded, open_store(args), args.version, dry_run=args.dry_run,
                   rebase=Path(args.rebase) if args.rebase else None, retire=args.retire)
     emit(args, report.to_json(), report.to_markdown())
     ok = report.ok and (report.rebase is None or report.rebase.ok)
@@ -409,7 +501,8 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     from qwen38build.report import make_reporter
 
     loaded = load_recipe(args)
-    steps = kernel_steps(loaded, args.arch, system_nvcc=system_nvcc_requested(args.system_nvcc))
+    steps = kernel_steps(loaded, check_archs(loaded, args.arch),
+                         system_nvcc=system_nvcc_requested(args.system_nvcc))
     cubins, wheel = steps[:-1], steps[-1]
     store = open_store(args)
     reporter = make_reporter(quiet=args.quiet)
@@ -481,6 +574,13 @@ def cmd_lint(args: argparse.Namespace) -> int:
     # Lint reports a series that disagrees with its folders as findings with their lines,
     # so it loads the recipe's schema only.
     loaded = lint.load_for_lint(Path(args.recipe))
+    # A listed patch that is missing is the same error as for build: nothing to lint.
+    from qwen38build.errors import RecipeError
+    from qwen38build.recipe import entry_problems
+
+    missing = entry_problems(loaded)
+    if missing:
+        raise RecipeError(args.recipe, missing)
     try:
         pristine = _pristine_wheel(open_store(args), load_plan(loaded))
     except Qwen38BuildError:
@@ -538,8 +638,15 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with ``only``, that command's sub-parser alone is built."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="qwen38build", description=DESCRIPTION,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    class Parser(argparse.ArgumentParser):
+        """argparse, but a usage mistake is a UsageError: one line, exit 2, via main."""
+
+        def error(self, message: str) -> Any:
+            raise UsageError(f"command line: {message}.",
+                             hint=f"run `{self.prog} --help` for the usage")
+
+    p = Parser(prog="qwen38build", description=DESCRIPTION,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", default="recipe.toml", help="the recipe (default: ./recipe.toml)")
     p.add_argument("--store", help="store directory (default: $QWEN38BUILD_STORE or the user "
                    "cache dir)")
@@ -640,7 +747,30 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """The one error boundary: every error becomes one ``error:`` line and an exit code.
+
+    Our errors carry their own exit code; a foreign one that got past its seam is
+    translated here (an OSError names its file), and anything else is reported as an
+    internal error in one line. No traceback reaches a user.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _run(argv)
+    except Qwen38BuildError as exc:
+        return _fail(exc, argv)
+    except BrokenPipeError:
+        # `qwen38build plan --json | head -1`: the reader left; say nothing more.
+        _quiet_stdout()
+        return int(ExitCode.BROKEN_PIPE)
+    except KeyboardInterrupt:
+        print("error: interrupted; the store is unchanged by the unfinished step",
+              file=sys.stderr)
+        return 130
+    except Exception as exc:  # the last-resort net
+        return _fail(_translate(exc), argv)
+
+
+def _run(argv: list[str]) -> int:
     from qwen38build.fastpath import try_noop
 
     done = try_noop(argv)
@@ -648,14 +778,59 @@ def main(argv: list[str] | None = None) -> int:
         return done
     command = _command_of(argv)
     args = parser(command if command in COMMANDS else None).parse_args(argv)
-    try:
-        return int(args.func(args))
-    except Qwen38BuildError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
-        return int(exc.exit_code)
-    except KeyboardInterrupt:
-        print("error: interrupted; the store is unchanged by the unfinished step",
-              file=sys.stderr)
-        return 130
+    check_args(args)
+    return int(args.func(args))
+
+
+def _fail(exc: Qwen38BuildError, argv: list[str]) -> int:
+    from qwen38build.errors import as_json, one_line
+
+    if "--json" in argv:
+        import json
+
+        line = json.dumps(as_json(exc), sort_keys=True)
+    elif exc.exit_code == ExitCode.BAD_INPUT or "\n" not in exc.message:
+        line = "error: " + one_line(exc)  # bad input: exactly one line
+    else:  # a failed build or check: its details (hunk, file, line) are the point
+        line = f"error: {exc}" + (f"\nhint: {exc.hint}" if exc.hint else "")
+    import contextlib
+
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr)
+    return int(exc.exit_code)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush cannot complain."""
+    import contextlib
+
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _translate(exc: Exception) -> Qwen38BuildError:
+    """A foreign error that escaped its seam, as one of ours (never a traceback)."""
+    import json
+    import subprocess
+    import zipfile
+
+    from qwen38build.errors import InputError, from_os_error
+
+    if isinstance(exc, OSError):
+        if exc.filename is None and _STORES:
+            exc.filename = _STORES[-1]
+            return from_os_error(exc, "writing to the store")
+        return from_os_error(exc)
+    if isinstance(exc, json.JSONDecodeError):
+        return InputError(f"(a JSON file):{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}.",
+                          hint="run again with the file fixed or removed")
+    if isinstance(exc, zipfile.BadZipFile):
+        return InputError(f"(a zip file): {exc}.", hint="fetch or re-pin the wheel")
+    if isinstance(exc, subprocess.SubprocessError):
+        return Qwen38BuildError(f"a subprocess failed: {exc}.")
+    if type(exc).__name__ == "ValidationError":  # pydantic's, not imported here for speed
+        return InputError(f"invalid data: {' '.join(str(exc).split())}.")
+    return Qwen38BuildError(
+        f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())}.",
+        hint="this is a bug in qwen38build; please report it with the command line",
+    )

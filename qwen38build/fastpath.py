@@ -116,8 +116,8 @@ def try_noop(argv: list[str]) -> int | None:
     while i < len(argv) and argv[i] in ("--recipe", "--store") and i + 1 < len(argv):
         opts[argv[i]] = argv[i + 1]
         i += 2
-    if argv[i : i + 1] != ["build"]:
-        return None
+    if argv[i : i + 1] != ["build"] or not all(v.strip() for v in opts.values()):
+        return None  # an empty --store or --recipe is refused by the full CLI
     for arg in argv[i + 1 :]:
         if arg not in ("--no-link", "-q", "--quiet", "--json"):
             return None

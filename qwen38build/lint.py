@@ -35,6 +35,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import hashlib
+import os
 import re
 import tempfile
 import tomllib
@@ -45,12 +46,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from qwen38build import diffheaders, knobs, lineage
+from qwen38build import diffheaders, knobs, lineage, wheelzip
 from qwen38build import recipe as recipe_mod
 from qwen38build.errors import PatchFileError, RecipeError
 from qwen38build.patchfile import KINDS, REQUIRED_HEADERS, FileDiff, Hunk, PatchFile
 from qwen38build.recipe import LoadedRecipe, SeriesEntry
-from qwen38build.wheelzip import open_wheel
 
 RULES = ("headers", "series", "env-knobs", "diff-hygiene", "provenance")
 # The patch that registers this stack's local knobs in envs.py (the ledger's registry).
@@ -153,7 +153,13 @@ def load_for_lint(path: Path) -> LoadedRecipe:
             model = recipe_mod.Recipe.model_validate(data)
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ValidationError):
             raise exc from None
-        return LoadedRecipe(model, path.resolve())
+        loaded = LoadedRecipe(model, Path(os.path.realpath(path)))
+        # A path out of the project, a folder or a dangling link as a patch: the lint must
+        # not read those either, so they stay errors; only listing problems become findings.
+        hard = recipe_mod.hard_problems(loaded, missing_ok=True)
+        if hard:
+            raise RecipeError(str(path), hard) from None
+        return loaded
 
 
 class _Context:
@@ -362,7 +368,7 @@ def read_pristine_knobs(source: Path) -> frozenset[str]:
     """The knobs vLLM's own ``envs.py`` registers; ``source`` is the wheel or the envs.py."""
     try:
         if source.suffix == ".whl":
-            text = open_wheel(source).read(f"vllm/{ENVS_PY}").decode("utf-8")
+            text = wheelzip.read(source, f"vllm/{ENVS_PY}").decode("utf-8")
         else:
             text = source.read_text(encoding="utf-8")
     except (OSError, KeyError, zipfile.BadZipFile, UnicodeDecodeError) as exc:
@@ -462,13 +468,7 @@ def _hygiene(
                 "re-cut the topic on the pinned tree with the series before it "
                 "(qwen38build workspace) and re-export",
             )
-    for fd in pf.files:
-        if fd.binary:
-            yield ctx.finding(
-                pf.path, fd.patch_line, "diff-hygiene",
-                f"{fd.path} is a binary diff; GNU patch cannot apply it at fuzz 0.",
-                "carry text diffs only; a binary belongs in a build step, not in the series",
-            )
+    for fd in pf.files:  # binary diffs and modes are parse problems, reported above
         for hunk in fd.hunks:
             yield from _hunk_whitespace(ctx, pf, fd, hunk)
 

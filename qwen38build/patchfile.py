@@ -134,6 +134,12 @@ class PatchFile:
             except (OSError, UnicodeDecodeError) as exc:
                 raise PatchFileError(f"{path}: cannot read the patch file: {exc}.") from exc
         problems: list[Problem] = []
+        if "\0" in text:
+            problems.append(Problem(
+                text.count("\n", 0, text.index("\0")) + 1, "diff-hygiene",
+                "a NUL byte; a patch file is text.",
+                "regenerate the patch with qwen38build export; carry text diffs only",
+            ))
         lines = text.split("\n")
         marker_idx = next(
             (i for i, ln in enumerate(lines) if ln.startswith(MARKER_PREFIX)), None
@@ -332,7 +338,7 @@ def _package_path(raw: str, *, line: int, problems: list[Problem]) -> str | None
         ))
         return raw
     p = PurePosixPath(rel)
-    if p.is_absolute() or ".." in p.parts or not rel:
+    if p.is_absolute() or ".." in p.parts or not rel or "\\" in rel or "\0" in rel:
         problems.append(Problem(
             line, "diff-hygiene", f"diff path {raw!r} leaves the vllm/ package.",
             "paths must be relative to the vllm/ package (a/<path>, b/<path>), without '..'",
@@ -354,7 +360,49 @@ def parse_diff(lines: list[str], *, path: Path, first_line: int) -> tuple[FileDi
 
 
 def _is_diff_start(line: str) -> bool:
-    return line.startswith(("diff --git ", "--- "))
+    return line.startswith(("diff --git ", "--- ", "Binary files "))
+
+
+# The only file modes a patch may give: a regular file, executable or not. A link
+# (120000) would make the wheel carry whatever the build machine's path holds; a gitlink
+# (160000) names another repository. A mode change is refused too: the wheel step writes
+# every member's mode from the pristine wheel, so it would be silently dropped.
+_MODES = ("100644", "100755")
+_MODE_LINE_RE = re.compile(
+    r"^(?P<key>new file mode|deleted file mode|old mode|new mode|index [0-9a-f]+\.\.[0-9a-f]+)"
+    r" (?P<mode>\d+)\s*$"
+)
+
+
+_BINARY_RE = re.compile(r"^Binary files (?P<old>\S+) and (?P<new>\S+) differ$")
+_RENAME_RE = re.compile(r"^(?:rename|copy) (?:from|to) (?P<path>.*)$")
+
+
+def _mode_problem(raw: str, *, line: int, problems: list[Problem]) -> None:
+    """A git header line that gives a mode other than a regular file's, or a rename or
+    copy whose path leaves the package."""
+    r = _RENAME_RE.match(raw.removesuffix("\r"))
+    if r is not None:
+        _package_path("a/" + r.group("path"), line=line, problems=problems)
+        return
+    m = _MODE_LINE_RE.match(raw.removesuffix("\r"))
+    if m is None:
+        return
+    key, mode = m.group("key"), m.group("mode")
+    if key in ("old mode", "new mode"):
+        problems.append(Problem(
+            line, "diff-hygiene",
+            f"a mode change ({key} {mode}); the series may change file contents only.",
+            "drop the mode change from the topic's commit and re-export",
+        ))
+    elif mode not in _MODES:
+        what = {"120000": "a symbolic link", "160000": "a gitlink (submodule)"}.get(
+            mode, f"mode {mode}")
+        problems.append(Problem(
+            line, "diff-hygiene",
+            f"{what} ({raw.strip()}); only regular files (100644, 100755) may be patched.",
+            "make it a regular file in the topic's commit and re-export",
+        ))
 
 
 def _parse_diff(
@@ -379,7 +427,11 @@ def _parse_diff(
             while i < n and not lines[i].startswith(("--- ", "diff --git ", "@@")):
                 if lines[i].startswith(("Binary files", "GIT binary patch")):
                     binary = True
+                _mode_problem(lines[i], line=first_line + i, problems=problems)
                 i += 1
+        elif line.startswith(("Binary files", "GIT binary patch")):
+            binary = True
+            i += 1  # past it: the trailer's skip stops at the next diff start
         if i < n and lines[i].startswith("--- "):
             old = _package_path(lines[i][4:], line=first_line + i, problems=problems)
             i += 1
@@ -396,13 +448,21 @@ def _parse_diff(
             parts = lines[start].removesuffix("\r").split(" ")
             old = new = _package_path(parts[-1], line=first_line + start, problems=problems)
         else:
+            bare = _BINARY_RE.match(lines[start].removesuffix("\r"))
             parts = lines[start].removesuffix("\r").split(" ")
-            new = _package_path(parts[-1], line=first_line + start, problems=problems)
+            raw = bare.group("new") if bare else parts[-1]
+            new = _package_path(raw, line=first_line + start, problems=problems)
         hunks: list[Hunk] = []
         while i < n and lines[i].startswith("@@"):
             hunk, i = _parse_hunk(lines, i, first_line=first_line, problems=problems)
             if hunk is not None:
                 hunks.append(hunk)
+        if binary:
+            problems.append(Problem(
+                first_line + start, "diff-hygiene",
+                f"{new or old} is a binary diff; GNU patch cannot apply it at fuzz 0.",
+                "carry text diffs only; a binary belongs in a build step, not in the series",
+            ))
         files.append(FileDiff(old, new, tuple(hunks), binary, patch_line=first_line + start))
         i = _skip_trailer(lines, i, hunks, first_line=first_line, problems=problems)
     return tuple(files)

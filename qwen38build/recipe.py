@@ -7,7 +7,9 @@ need the file system: series entries against the group folders), then raised onc
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +64,14 @@ def _check_series(value: str) -> str:
     return value
 
 
+def _check_patch_name(name: str) -> str:
+    bad = "/" in name or "\\" in name or "\0" in name or name.startswith(".")
+    if bad or not name.endswith(".patch") or not name.isprintable():
+        raise ValueError(f"{name!r} must be a bare file name ending in .patch")
+    return name
+
+
+PatchName = Annotated[str, AfterValidator(_check_patch_name)]
 PepVersion = Annotated[str, AfterValidator(_check_version)]
 CudaSeries = Annotated[str, AfterValidator(_check_series)]
 Arch = Annotated[str, BeforeValidator(normalise_arch)]
@@ -93,15 +103,7 @@ class Group(_Model):
     """One folder of patches, applied in the order listed."""
 
     dir: str
-    patches: list[str] = Field(default_factory=list)
-
-    @field_validator("patches")
-    @classmethod
-    def _names(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if "/" in name or not name.endswith(".patch"):
-                raise ValueError(f"{name!r} must be a bare file name ending in .patch")
-        return value
+    patches: list[PatchName] = Field(default_factory=list)
 
 
 class Series(_Model):
@@ -232,7 +234,8 @@ class LoadedRecipe:
 
     def series_entries(self) -> list[SeriesEntry]:
         return [
-            SeriesEntry(g.dir, name, (self.root / g.dir / name).resolve())
+            # realpath, not resolve(): a link loop must reach the checks, not raise here.
+            SeriesEntry(g.dir, name, Path(os.path.realpath(self.root / g.dir / name)))
             for g in self.recipe.series.groups
             for name in g.patches
         ]
@@ -260,8 +263,9 @@ def validate(data: dict[str, Any], path: Path) -> LoadedRecipe:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         raise RecipeError(str(path), [_describe(e) for e in exc.errors()]) from None
-    loaded = LoadedRecipe(recipe, path.resolve())
-    problems = _series_problems(loaded)
+    loaded = LoadedRecipe(recipe, Path(os.path.realpath(path)))
+    problems = path_problems(loaded)
+    problems = problems or (entry_problems(loaded) + _series_problems(loaded))
     if problems:
         raise RecipeError(str(path), problems)
     return loaded
@@ -276,6 +280,70 @@ def _describe(err: Any) -> str:
         return f"{loc}: required key is missing"
     msg = str(err["msg"]).removeprefix("Value error, ")
     return f"{loc}: {msg}"
+
+
+def outside_problem(root: Path, rel: str, *, want: str) -> str | None:
+    """Why ``rel`` (a recipe path) is unusable, or None.
+
+    It must be relative, resolve (links followed) to a place inside ``root``, and, when it
+    exists, be of the kind wanted (``dir`` or ``file``; ``any`` takes either).
+    """
+    if not rel or "\0" in rel or "\\" in rel:
+        return f"{rel!r} is not a usable path; write a relative path inside the project"
+    if os.path.isabs(rel):
+        return f"{rel!r} is absolute; write a path relative to the project"
+    real_root = os.path.realpath(root)
+    target = os.path.realpath(os.path.join(root, rel))
+    if os.path.commonpath([real_root, target]) != real_root:
+        return f"{rel!r} leads outside the project (to {target}); keep it inside the project"
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        if os.path.islink(os.path.join(root, rel)) or os.path.islink(target):
+            return f"{rel!r} is a dangling link; point it at a file or remove it"
+        return None  # absence is reported by the check that needs the file
+    except OSError as exc:
+        return f"{rel!r} cannot be read ({exc.strerror}); fix the link or the permissions"
+    if want == "dir" and not stat.S_ISDIR(st.st_mode):
+        return f"{rel!r} is not a folder; point it at a folder"
+    if want == "file" and not stat.S_ISREG(st.st_mode):
+        return f"{rel!r} is not a regular file; point it at a file"
+    return None
+
+
+def path_problems(loaded: LoadedRecipe) -> list[str]:
+    """Every recipe path that would leave the project (links included) or has the wrong kind."""
+    r, root = loaded.recipe, loaded.root
+    checks = [(f"series.groups.{i}.dir", g.dir, "dir") for i, g in enumerate(r.series.groups)]
+    checks += [("pthfa.path", r.pthfa.path, "dir"), ("fa2.diff", r.fa2.diff, "file")]
+    problems = []
+    for where, rel, want in checks:
+        why = outside_problem(root, rel, want=want)
+        if why is not None:
+            problems.append(f"{where}: {why}")
+    return problems
+
+
+def entry_problems(loaded: LoadedRecipe, *, missing_ok: bool = False) -> list[str]:
+    """Every series entry that is not a regular file inside the project: a folder, a
+    dangling link, a link out of the project, or (unless ``missing_ok``) absent."""
+    problems = []
+    for gi, group in enumerate(loaded.recipe.series.groups):
+        if not os.path.isdir(os.path.join(loaded.root, group.dir)):
+            continue  # the group's own problem is reported once, by _series_problems
+        for pi, name in enumerate(group.patches):
+            rel = f"{group.dir}/{name}"
+            why = outside_problem(loaded.root, rel, want="file")
+            if why is None and not missing_ok and not os.path.isfile(loaded.root / rel):
+                why = f"{rel} does not exist"
+            if why is not None:
+                problems.append(f"series.groups.{gi}.patches.{pi}: {why}")
+    return problems
+
+
+def hard_problems(loaded: LoadedRecipe, *, missing_ok: bool = False) -> list[str]:
+    """The problems no command may work around: paths leaving the project, wrong kinds."""
+    return path_problems(loaded) + entry_problems(loaded, missing_ok=missing_ok)
 
 
 def _series_problems(loaded: LoadedRecipe) -> list[str]:
@@ -305,8 +373,6 @@ def _series_problems(loaded: LoadedRecipe) -> list[str]:
                     f"{loc}: {name} is a retired topic (series.retired); "
                     "remove the entry and the file"
                 )
-            if name not in on_disk:
-                problems.append(f"{loc}: {group.dir}/{name} does not exist")
         for name in sorted(on_disk - set(group.patches)):
             problems.append(
                 f"{where}.patches: {group.dir}/{name} is in the folder but not in the series; "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 # 2: derivations hold ``implementation`` (a source hash), where 1 held a hand-bumped version.
 RECORD_FORMAT = 2
-_HEX = frozenset("0123456789abcdef")
+HASH_RE = re.compile(r"[0-9a-f]{8,64}")
 
 
 def write_build(store: Store, top: Step, outcomes: dict[str, Outcome], root_name: str) -> Path:
@@ -47,18 +48,35 @@ def write_build(store: Store, top: Step, outcomes: dict[str, Outcome], root_name
     return path
 
 
-def read_build(store: Store, build_hash: str) -> dict[str, Any]:
-    """The record of a build, by its full hash or an unambiguous prefix.
+def check_build_hash(value: str) -> str:
+    """``value`` if it is a build hash or a prefix of one: 8 to 64 lowercase hex digits.
 
-    The argument is hex and nothing else: never a glob, never a path out of ``builds/``.
+    Never a glob and never a path: it is compared with the names in ``builds/`` only.
     """
-    if not (8 <= len(build_hash) <= 64) or any(c not in _HEX for c in build_hash):
+    if not HASH_RE.fullmatch(value):
         raise UsageError(
-            f"{build_hash!r} is not a build hash: 8 to 64 lowercase hex digits.",
+            f"command line: {value!r} is not a build hash (8 to 64 lowercase hex digits).",
             hint="give a build hash printed by `qwen38build build`",
         )
-    names = sorted(os.listdir(store.builds)) if store.builds.is_dir() else []
-    matches = [n for n in names if n.endswith(".json") and n.startswith(build_hash)]
+    return value
+
+
+def read_build(store: Store, build_hash: str) -> dict[str, Any]:
+    """The record of a build, by its full hash or an unambiguous prefix (8+ hex digits).
+
+    The prefix is matched against the listing of ``builds/`` as plain text: no glob, no path.
+    """
+    check_build_hash(build_hash)
+    try:
+        names = [n for n in os.listdir(store.builds) if n.endswith(".json")]
+    except FileNotFoundError:
+        names = []
+    except OSError as exc:
+        from qwen38build.errors import from_os_error
+
+        raise from_os_error(exc, "listing the build records") from None
+    matches = sorted(n for n in names if n.startswith(build_hash)
+                     and HASH_RE.fullmatch(n[: -len(".json")]))
     if not matches:
         raise UsageError(
             f"no build {build_hash!r} is recorded in the store {store.root}.",
@@ -69,11 +87,12 @@ def read_build(store: Store, build_hash: str) -> dict[str, Any]:
     path = store.builds / matches[0]
     try:
         data = json.loads(path.read_bytes())
-        if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
-            raise ValueError("no 'steps' list")
+        if not isinstance(data, dict) or not isinstance(data.get("steps"), list) \
+                or data.get("build") != matches[0][: -len(".json")]:
+            raise ValueError("not a build record of this hash")
     except (OSError, ValueError) as exc:
-        raise StoreError(f"{path}: malformed build record ({exc}).",
-                         hint="rebuild; `qwen38build gc` drops what nothing roots") from exc
+        raise StoreError(f"{path}: unreadable build record: {exc}.",
+                         hint="remove it, and rebuild or reproduce that build") from None
     return data
 
 

@@ -52,8 +52,31 @@ MANIFEST = "manifest.json"
 
 def read_manifest(out: Path) -> dict[str, Any]:
     """The manifest the wheel step wrote beside the wheel."""
-    data: dict[str, Any] = json.loads((out / MANIFEST).read_bytes())
+    path = out / MANIFEST
+    try:
+        data = json.loads(path.read_bytes())
+        if not isinstance(data, dict) or not isinstance(data.get("owned"), dict) \
+                or not isinstance(data.get("record"), dict):
+            raise ValueError("not a manifest object with 'owned' and 'record'")
+    except (OSError, ValueError) as exc:
+        from qwen38build.errors import StoreError
+
+        raise StoreError(f"{path}: unreadable build manifest: {exc}.",
+                         hint="run `qwen38build store verify`, then rebuild") from None
     return data
+
+
+def owned_paths(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's owned files, each package path past the one member check: a
+    manifest is read from the store, and its paths are about to be read or written."""
+    from qwen38build.wheelzip import safe_member
+
+    package = str(manifest["package"])
+    safe_member(package)
+    owned: dict[str, Any] = manifest["owned"]
+    for rel in owned:
+        safe_member(f"{package}/{rel}")
+    return owned
 
 
 def find_package(path: Path, package: str) -> Path:
@@ -75,8 +98,8 @@ def _b64(sha256_hex: str) -> str:
 
 def verify_tree(path: Path, manifest: dict[str, Any], *, full: bool = False) -> list[Problem]:
     package = str(manifest["package"])
+    owned = owned_paths(manifest)
     pkg = find_package(path, package)
-    owned: dict[str, Any] = manifest["owned"]
     record: dict[str, list[Any]] = {
         k: v for k, v in manifest["record"].items() if k.startswith(package + "/")
     }
@@ -123,7 +146,12 @@ def _sizes(top: str, prefix: str) -> dict[str, int]:
                     if entry.name != "__pycache__":
                         stack.append((entry.path, name))
                 elif not entry.name.endswith(".pyc"):
-                    out[name] = entry.stat().st_size
+                    try:
+                        out[name] = entry.stat().st_size
+                    except OSError as exc:  # a link loop, a dangling link: name it here
+                        from qwen38build.errors import from_os_error
+
+                        raise from_os_error(exc, "reading the installed tree") from None
     return out
 
 
@@ -160,7 +188,7 @@ def apply_tree(site: Path, manifest: dict[str, Any], built_tree: Path) -> list[s
     updates: dict[str, tuple[str, int] | None] = {}
     staged: list[tuple[Path, Path]] = []
     try:
-        for rel, rec in sorted(manifest["owned"].items()):
+        for rel, rec in sorted(owned_paths(manifest).items()):
             target = pkg / rel
             name = f"{package}/{rel}"
             if rec["patched"] is None:

@@ -30,12 +30,12 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
-import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from qwen38build import lock as lockmod
+from qwen38build import wheelzip
 from qwen38build.errors import InputError, PatchFailed, Qwen38BuildError
 from qwen38build.gnupatch import describe_failure, run_patch
 from qwen38build.patchfile import MARKER_PREFIX, PatchFile, marker_for
@@ -150,26 +150,26 @@ def is_text_member(name: str) -> bool:
 def extract_package(wheel: Path, dest: Path, also: Iterable[str] = ()) -> list[str]:
     """Write the package's text members (and the package paths in ``also``) under ``dest``.
 
-    Returns the package-relative paths written, sorted. Modes are 0644, or 0755 where the
-    member is executable, whatever the umask.
+    Returns the package-relative paths written, sorted. Through the one extraction routine
+    (``wheelzip.extract``): every member is checked, nothing lands outside ``dest``.
     """
     prefix = f"{PACKAGE}/"
     wanted = set(also)
-    written: list[str] = []
-    with zipfile.ZipFile(wheel) as z:
-        for info in z.infolist():
-            name = info.filename
-            if not name.startswith(prefix) or name.endswith("/"):
-                continue
+    chosen = [
+        name for name in wheelzip.member_infos(wheel)
+        if name.startswith(prefix) and not name.endswith("/")
+        and (is_text_member(name) or name[len(prefix):] in wanted)
+    ]
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".q38-extract.", dir=dest.parent) as tmp:
+        written = wheelzip.extract(wheel, Path(tmp), chosen)
+        src = Path(tmp) / PACKAGE
+        for name in written:
             rel = name[len(prefix):]
-            if not (is_text_member(name) or rel in wanted):
-                continue
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(z.read(info))
-            target.chmod(0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
-            written.append(rel)
-    return sorted(written)
+            os.replace(src / rel, target)
+    return sorted(name[len(prefix):] for name in written)
 
 
 def touched_by_series(entries: Iterable[SeriesEntry]) -> set[str]:
@@ -401,6 +401,11 @@ def export(
     topic must have its commit, in series order (InputError otherwise).
     """
     repo = dest.resolve()
+    if not (repo / ".git").exists():
+        raise InputError(
+            f"{dest}: {'is not a git workspace' if repo.is_dir() else 'does not exist'}.",
+            hint="give the folder `qwen38build workspace create` made",
+        )
     pin = loaded.recipe.vllm.version
     found = topics_of(loaded, repo)
     order = [e.row_name for e in loaded.series_entries()]

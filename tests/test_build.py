@@ -226,8 +226,12 @@ def test_recipe_errors_exit_2_and_name_key_paths(project: Project, capsys) -> No
     (project.root / "recipe.toml").write_text(text)
     assert project.run("build") == 2
     err = capsys.readouterr().err
-    assert "cuda.archs.1: 'banana' is not a CUDA arch" in err
-    assert "cuda.colour: unknown key" in err
+    assert err.count("\n") == 1  # one line: the first problem and how many more
+    assert "recipe.toml:cuda.archs.1: 'banana' is not a CUDA arch" in err
+    assert "(and 1 more problem; --json lists all)" in err
+    assert project.run("build", "--json") == 2
+    problems = json.loads(capsys.readouterr().err)["problems"]
+    assert "cuda.colour: unknown key; remove it or check its spelling" in problems
     assert not project.store.exists()
 
 

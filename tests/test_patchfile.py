@@ -31,14 +31,14 @@ DIFF = (
 
 keys = st.from_regex(r"[A-Z][A-Za-z0-9-]{0,12}", fullmatch=True)
 # A line of a value: anything but a line break (|, backticks, unicode, tabs included).
-line_text = st.text(st.characters(exclude_characters="\n\r", exclude_categories=["Cs"]))
+line_text = st.text(st.characters(exclude_characters="\n\r\0", exclude_categories=["Cs"]))
 first_line = line_text.map(lambda s: s.rstrip(" "))
 cont_line = line_text.map(lambda s: s.strip(" ")).filter(lambda s: bool(s.strip(" \t")))
 canonical_value = st.builds(
     lambda first, rest: "\n".join([first, *rest]), first_line, st.lists(cont_line, max_size=4)
 )
 headers_of = st.dictionaries(keys, canonical_value, max_size=7)
-any_headers = st.dictionaries(keys, st.text(), max_size=7)
+any_headers = st.dictionaries(keys, st.text(st.characters(exclude_characters="\0")), max_size=7)
 prose = st.sampled_from(["", "One line of prose.", "Two paragraphs.\n\nThe second: here."])
 
 

@@ -29,11 +29,14 @@ IMPLEMENTATION = ENGINE
 def run(ctx: Context) -> None:
     p, hints = ctx.step.params, ctx.step.hints
     filename, sha256 = str(p["filename"]), str(p["sha256"])
+    size = hints.get("size")  # outside the digest: a fixed output is its name and sha256
+    want_size = size if type(size) is int else None
     dest = ctx.out / filename
     ctx.hashed[filename] = sha256  # every path below either checks these bytes or raises
     for candidate in ctx.source_candidates(sha256, filename):
-        if _copy_checked(candidate, dest, sha256):
+        if _copy_checked(candidate, dest, sha256, want_size):
             ctx.report(f"taken from {candidate.parent}")
+            _check_wheel(dest)
             return
     name, version, platform = _from_filename(filename)
     python = str(hints.get("python") or f"{sys.version_info[0]}.{sys.version_info[1]}")
@@ -45,15 +48,9 @@ def run(ctx: Context) -> None:
                 f"pip fetched {got.name} for {name}=={version}, but the lock names {filename}.",
                 hint="run `qwen38build lock` to re-pin, or check the recipe's platform tag",
             )
-        size = hints.get("size")
-        if isinstance(size, int) and got.stat().st_size != size:
-            raise FetchError(
-                f"{filename}: pip fetched {got.stat().st_size} bytes, but the lock says "
-                f"{size}; nothing was stored.",
-                hint="if the index legitimately changed the file, re-pin with `qwen38build lock`",
-            )
-        if not _copy_checked(got, dest, sha256, downloaded=True):
+        if not _copy_checked(got, dest, sha256, want_size, downloaded=True):
             raise AssertionError("unreachable")
+    _check_wheel(dest)
 
 
 def _from_filename(filename: str) -> tuple[str, str, str]:
@@ -68,17 +65,37 @@ def _from_filename(filename: str) -> tuple[str, str, str]:
     return str(name), str(version), platform
 
 
-def _copy_checked(src: Path, dest: Path, sha256: str, *, downloaded: bool = False) -> bool:
-    with src.open("rb") as fi, dest.open("wb") as fo:
-        got, _ = copy_hashing(fi, fo)
-    if got == sha256:
-        return True
-    dest.unlink()
+def _check_wheel(path: Path) -> None:
+    """A pinned wheel that is no safe zip never enters the store (its sha256 held, so the
+    lock pins a bad file: bad input)."""
+    if path.suffix == ".whl":
+        from qwen38build.wheelzip import check_wheel
+
+        check_wheel(path)
+
+
+def _copy_checked(
+    src: Path, dest: Path, sha256: str, size: int | None, *, downloaded: bool = False
+) -> bool:
+    """Copy ``src`` to ``dest`` if it has the lock's size and sha256; else drop the copy.
+
+    The size is checked before a byte is copied and again after (more or fewer bytes are
+    refused), so a file of the wrong size is never hashed into the store.
+    """
+    if size is not None and src.stat().st_size != size:
+        got = f"{src.stat().st_size} bytes, not the lock's {size}"
+    else:
+        with src.open("rb") as fi, dest.open("wb") as fo:
+            got, copied = copy_hashing(fi, fo, limit=None if size is None else size + 1)
+        if got == sha256 and (size is None or copied == size):
+            return True
+        got = (f"sha256 {got} does not match the lock's {sha256}" if got != sha256
+               else f"{copied} bytes, not the lock's {size}")
+        dest.unlink()
     if downloaded:
         src.unlink()
         raise FetchError(
-            f"{src.name}: sha256 {got} does not match the lock's {sha256}; the download "
-            "was deleted and nothing was stored.",
+            f"{src.name}: {got}; the download was deleted and nothing was stored.",
             hint="if the index legitimately changed the file, re-pin with `qwen38build lock`",
         )
     return False

@@ -11,12 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from qwen38build.digest import sha256_bytes, sha256_file
+from qwen38build.digest import sha256_file
 from qwen38build.executor import Context
 from qwen38build.gnupatch import describe_failure, run_patch
 from qwen38build.patchfile import PatchFile
 from qwen38build.steps import ENGINE
-from qwen38build.wheelzip import open_wheel
+from qwen38build.wheelzip import extract
 
 KIND = "patch"
 IMPLEMENTATION = (*ENGINE, "qwen38build.gnupatch", "qwen38build.patchfile", "qwen38build.wheelzip")
@@ -30,24 +30,17 @@ def run(ctx: Context) -> None:
     wheel_entry = ctx.dep_entry("wheel")
     wheel = wheel_entry.the_output(".whl")
     patches = [PatchFile.parse(ctx.input_path(name)) for name in series]
-    work = ctx.scratch / "vllm"
+    work = ctx.scratch / package
     work.mkdir(parents=True)
     pristine: dict[str, str | None] = {}
-    z = open_wheel(wheel)
-    names = set(z.namelist())
-    for pf in patches:
-        for rel in pf.touched_paths:
-            if rel in pristine:
-                continue
+    touched = [rel for pf in patches for rel in pf.touched_paths]
+    wanted = {f"{package}/{rel}": rel for rel in touched}
+    # The one extraction routine: every member name checked, nothing written outside work/.
+    written = set(extract(wheel, ctx.scratch, wanted))
+    for rel in touched:
+        if rel not in pristine:
             member = f"{package}/{rel}"
-            if member in names:
-                data = z.read(member)
-                target = work / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
-                pristine[rel] = sha256_bytes(data)
-            else:
-                pristine[rel] = None
+            pristine[rel] = sha256_file(work / rel) if member in written else None
     owners: dict[str, list[str]] = {rel: [] for rel in pristine}
     report: list[dict[str, Any]] = []
     for name, pf in zip(series, patches, strict=True):
