@@ -71,7 +71,9 @@ def fetch_step(loaded: LoadedRecipe, entry: lockmod.LockedWheel) -> Step:
         kind="fetch", implementation=kind_version("fetch"), name=entry.filename,
         params={"filename": entry.filename, "sha256": entry.sha256},
         hints={"name": entry.name, "version": entry.version, "size": entry.size,
-               "python": loaded.recipe.toolchain.python, "platform": entry.platform_tag},
+               "python": loaded.recipe.toolchain.python,
+               # pip is asked for the recipe's target system; it takes any wheel it installs
+               "platform": loaded.recipe.vllm.platform_tag},
     )
 
 

@@ -68,14 +68,21 @@ def problems(loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel]) -> li
                 f"{name} is {entry.version} in the lock but [toolchain] cuda = {cuda!r} "
                 f"in {loaded.path.name} asks for {cuda}.x"
             )
-        elif entry.platform_tag != platform:
+        elif not set(entry.platform_tag.split(".")) & installs_on(platform):
             out.append(
-                f"{name}.platform_tag is {entry.platform_tag!r} in the lock but "
-                f"{platform!r} in the recipe"
+                f"{name}: {entry.filename} does not install on the recipe's platform "
+                f"{platform!r}"
             )
         elif not entry.filename.startswith(f"{name.replace('-', '_')}-{entry.version}-"):
             out.append(f"{name}: file name {entry.filename!r} is not of {name} {entry.version}")
     return out
+
+
+def installs_on(platform: str) -> set[str]:
+    """Every wheel platform tag a ``platform`` system installs (pip's view of it)."""
+    from qwen38build.steps.fetch import platform_args
+
+    return set(platform_args(platform)[1::2])
 
 
 def locked_toolchain(
@@ -122,7 +129,7 @@ def pin(loaded: LoadedRecipe, dest: Path) -> list[lockmod.LockedWheel]:
                             f"{cuda}.x wheel named NAME-VERSION-PY-ABI-PLATFORM.whl.")
         entries.append(lockmod.LockedWheel(
             name=name, version=parts[1], filename=wheel.name, python_tag=parts[2],
-            abi_tag=parts[3], platform_tag=platform, sha256=sha256_file(wheel),
+            abi_tag=parts[3], platform_tag=parts[4], sha256=sha256_file(wheel),
             size=wheel.stat().st_size,
         ))
     return entries

@@ -223,6 +223,9 @@ def modal_wheel(dest: Path, name: str, version: str, files: dict[str, tuple[byte
     path = dest / f"{dist}-py3-none-manylinux2014_x86_64.whl"
     members = {**files, f"{dist}.dist-info/METADATA": (
         f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(), 0o644)}
+    record = "".join(f"{n},{record_hash(d)},{len(d)}\n" for n, (d, _) in members.items())
+    members[f"{dist}.dist-info/RECORD"] = ((record + f"{dist}.dist-info/RECORD,,\n").encode(),
+                                           0o644)
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
         for member, (data, mode) in members.items():
             info = zipfile.ZipInfo(member, date_time=(2025, 9, 2, 0, 0, 0))
@@ -262,6 +265,7 @@ def add_to_lock(root: Path, wheels: list[Path]) -> None:
         name = dist.replace("_", "-")
         locked[name] = lockmod.LockedWheel(
             name=name, version=version, filename=w.name, python_tag="py3", abi_tag="none",
-            platform_tag=PLATFORM, sha256=sha256(w), size=w.stat().st_size,
+            platform_tag=w.name[: -len(".whl")].split("-")[4], sha256=sha256(w),
+            size=w.stat().st_size,
         )
     lockmod.write(root, list(locked.values()))

@@ -168,4 +168,4 @@ def test_a_malformed_build_record_is_a_clean_error(
     build = json.loads(capsys.readouterr().out)["build"]
     (Store(project.store).builds / f"{build}.json").write_text("{torn")
     assert project.run("reproduce", build[:12]) == 1
-    assert "malformed build record" in capsys.readouterr().err
+    assert "unreadable build record" in capsys.readouterr().err

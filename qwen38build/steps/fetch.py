@@ -23,7 +23,7 @@ from qwen38build.steps import ENGINE
 
 KIND = "fetch"
 FIXED_OUTPUT = True  # keyed by file name and sha256 alone; see qwen38build.steps
-IMPLEMENTATION = ENGINE
+IMPLEMENTATION = (*ENGINE, "qwen38build.wheelzip")
 
 
 def run(ctx: Context) -> None:
