@@ -15,12 +15,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from qwen38build.digest import sha256_file
 from qwen38build.errors import InputError, StoreError
 from qwen38build.report import Reporter
 from qwen38build.step import Step, walk
 from qwen38build.store import Entry, Store
+
+if TYPE_CHECKING:
+    from qwen38build.substituter import Substituters
 
 KINDS = {
     "fetch": "qwen38build.steps.fetch",
@@ -114,8 +118,13 @@ def realise(
     source_stores: list[Store] | None = None,
     source_dirs: list[Path] | None = None,
     on_done: Callable[[Outcome], None] | None = None,
+    substituters: Substituters | None = None,
 ) -> dict[str, Outcome]:
-    """Make every step of the closure of ``tops`` present in ``store``; by digest."""
+    """Make every step of the closure of ``tops`` present in ``store``; by digest.
+
+    A step missing from the store is first asked of ``substituters`` (verified there
+    before it is committed), then built.
+    """
     steps = list(walk(tops))
     outcomes: dict[str, Outcome] = {}
     reporter.start(len(steps))
@@ -131,8 +140,12 @@ def realise(
                     if store.lookup(step.digest) is not None:
                         reporter.note(step, "its store entry changed since written; rebuilding")
                         store.remove(step.digest)
-                    entry = _build(step, store, reporter, source_stores or [], source_dirs or [])
-                    built = True
+                    if substituters is not None:
+                        entry = substituters.substitute(step, store, reporter)
+                    if entry is None:
+                        entry = _build(step, store, reporter, source_stores or [],
+                                       source_dirs or [])
+                        built = True
         outcome = Outcome(step, entry, built, time.perf_counter() - t0)
         outcomes[step.digest] = outcome
         reporter.step_done(step, index, len(steps), built=built, seconds=outcome.seconds)
