@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from qwen38build.digest import sha256_json
-from qwen38build.errors import UntrustedEntry
+from qwen38build.errors import CacheError, UntrustedEntry
 from qwen38build.signing import PublicKey, SecretKey, sign_record, trusted_signer
 
 if TYPE_CHECKING:
@@ -72,7 +72,8 @@ def check(data: bytes, digest: str, trusted: list[PublicKey]) -> CacheRecord:
     try:
         rec: Any = json.loads(data)
     except (ValueError, UnicodeDecodeError):
-        raise UntrustedEntry("the record is not JSON") from None
+        # Not an entry gone bad: the server answers something else than a cache.
+        raise CacheError(f"{digest[:12]}.json is not JSON") from None
     if not isinstance(rec, dict) or rec.get("format") != FORMAT:
         raise UntrustedEntry(f"the record is not a format-{FORMAT} cache record")
     if rec.get("digest") != digest:
