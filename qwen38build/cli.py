@@ -77,6 +77,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from qwen38build.report import make_reporter
 
     store = open_store(args)
+    subs = open_substituters(args)  # bad cache settings are bad input: before any work
     recipe_dir = os.path.dirname(os.path.realpath(args.recipe))
     # Every project file read from here on is an input of the no-op's key.
     with Collector(recipe_dir, (*default_excludes(), str(store.root))) as reads:
@@ -85,7 +86,6 @@ def cmd_build(args: argparse.Namespace) -> int:
         reporter = make_reporter(quiet=args.quiet)
         # The ledger's rules run before anything is applied; the env-knob rule needs the
         # pristine envs.py, so the (fixed-output) wheel is fetched first.
-        subs = open_substituters(args)
         realise([plan.targets["fetch"]], store, reporter, substituters=subs)
         findings = lint.check(loaded, pristine_envs=_pristine_wheel(store, plan))
         if findings:

@@ -15,6 +15,8 @@ import pytest
 from qwen38build import executor
 from qwen38build.cli import main
 from qwen38build.signing import SecretKey, sign_record, write_key_pair
+from qwen38build.step import Step
+from qwen38build.store import Entry
 from tests import cache_fixtures as cf
 from tests.conftest import Project
 
@@ -78,7 +80,7 @@ def built_steps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     ran: list[str] = []
     real = executor._build
 
-    def counting(step: executor.Step, *args: object) -> executor.Entry:
+    def counting(step: Step, *args: object) -> Entry:
         ran.append(step.kind)
         return real(step, *args)  # type: ignore[arg-type]
 
