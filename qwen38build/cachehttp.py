@@ -37,7 +37,10 @@ def join(base: str, *parts: str) -> str:
 def _connect(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
     parts = urlsplit(url)
     cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = cls(parts.netloc, timeout=timeout, blocksize=BLOCK)
+    try:
+        conn = cls(parts.netloc, timeout=timeout, blocksize=BLOCK)
+    except (ValueError, http.client.HTTPException) as exc:  # a bad port, say
+        raise CacheError(f"{url}: not a usable URL: {exc}") from exc
     return conn, parts.path or "/"
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import executor
+from qwen38build import executor, substituter
 from qwen38build.cli import main
 from qwen38build.signing import SecretKey, sign_record, write_key_pair
 from qwen38build.step import Step
@@ -130,9 +130,12 @@ def test_environment_variables_configure_the_substituter(
         built_steps: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("QWEN38BUILD_SUBSTITUTERS", pushed.url)
     monkeypatch.setenv("QWEN38BUILD_TRUSTED_PUBLIC_KEYS", pushed.trusted)
+    monkeypatch.setattr(substituter, "BIG", 1)  # every download reports its progress
     assert pushed.build_on(tmp_path / "store-b") == 0
-    assert json.loads(capsys.readouterr().out)["build"] == pushed.build["build"]
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["build"] == pushed.build["build"]
     assert built_steps == []
+    assert "downloading" in captured.err and "% of" in captured.err
 
 
 def test_a_config_file_configures_the_substituter(
