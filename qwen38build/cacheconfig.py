@@ -82,6 +82,12 @@ def _truthy(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
+def offline_env() -> bool:
+    """Whether this process is offline (the CLI's ``--offline`` sets the variable too, so a
+    step that would fetch from the network sees it)."""
+    return _truthy(os.environ.get(ENV_OFFLINE, ""))
+
+
 def from_file(path: Path) -> CacheConfig:
     """The ``[cache]`` table of ``path``; an absent file is an empty configuration."""
     try:

@@ -639,6 +639,8 @@ def main(argv: list[str] | None = None) -> int:
         return done
     command = _command_of(argv)
     args = parser(command if command in COMMANDS else None).parse_args(argv)
+    if args.offline:  # for the whole run: a fetch step must not reach the index either
+        os.environ["QWEN38BUILD_OFFLINE"] = "1"
     try:
         return int(args.func(args))
     except Qwen38BuildError as exc:

@@ -23,12 +23,14 @@ from tests.conftest import Project
 
 @pytest.fixture(autouse=True)
 def no_user_cache_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """This machine's own cache settings must not leak into the tests."""
+    """This machine's own cache settings must not leak into the tests, nor the tests'
+    (``--offline`` sets QWEN38BUILD_OFFLINE for the process) into later ones: set to empty
+    (which means "not set") so that monkeypatch restores each afterwards."""
     monkeypatch.setenv("QWEN38BUILD_CONFIG", str(tmp_path / "no-config.toml"))
     for var in ("QWEN38BUILD_SUBSTITUTERS", "QWEN38BUILD_TRUSTED_PUBLIC_KEYS",
                 "QWEN38BUILD_OFFLINE", "QWEN38BUILD_CACHE_TIMEOUT",
                 "QWEN38BUILD_SECRET_KEY_FILE", "QWEN38BUILD_CACHE_AUTH"):
-        monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv(var, "")
 
 
 @dataclass
@@ -145,6 +147,8 @@ def test_a_config_file_configures_the_substituter(
     cfg.write_text(f'[cache]\nsubstituters = ["{pushed.url}"]\n'
                    f'trusted-public-keys = ["{pushed.trusted}"]\n')
     monkeypatch.setenv("QWEN38BUILD_CONFIG", str(cfg))
+    monkeypatch.delenv("QWEN38BUILD_SUBSTITUTERS")  # set, even empty, they would win
+    monkeypatch.delenv("QWEN38BUILD_TRUSTED_PUBLIC_KEYS")
     assert pushed.build_on(tmp_path / "store-b") == 0
     assert built_steps == []
     capsys.readouterr()
@@ -321,3 +325,17 @@ def test_kernel_outputs_push_and_substitute_without_compiling(
     assert b["build"] == a["build"] and b["cubins"] == a["cubins"]
     assert Path(b["wheel"]).read_bytes() == Path(a["wheel"]).read_bytes()
     assert not log.exists()  # no compile ran on machine B
+
+
+def test_offline_fetches_nothing_from_the_index_either(
+        project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("QWEN38BUILD_SOURCES", str(tmp_path / "no-wheels-here"))
+
+    def no_pip(*args: object, **kwargs: object) -> None:
+        raise AssertionError("pip ran offline")
+
+    monkeypatch.setattr("qwen38build.steps.fetch.pip_download", no_pip)
+    assert project.run("--offline", "build") == 1
+    assert "offline mode forbids fetching it" in capsys.readouterr().err
+    assert not list((project.store / "objects").glob("*.json"))

@@ -29,6 +29,12 @@ def run(ctx: Context) -> None:
         if _copy_checked(candidate, dest, sha256):
             ctx.report(f"taken from {candidate.parent}")
             return
+    from qwen38build.cacheconfig import offline_env
+
+    if offline_env():
+        raise FetchError(
+            f"{filename} is in no local store or sources folder, and offline mode forbids "
+            "fetching it.", hint="run once without --offline, or set QWEN38BUILD_SOURCES")
     with tempfile.TemporaryDirectory(prefix="q38-fetch.") as tmp:
         got = pip_download(
             str(p["name"]), str(p["version"]), python=str(p["python"]),
