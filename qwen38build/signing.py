@@ -164,7 +164,11 @@ def write_key_pair(key: SecretKey, secret: Path, public: Path) -> None:
         if p.exists() or p.is_symlink():
             raise InputError(f"{p}: exists; keygen never overwrites a key file.",
                              hint="choose another name or remove the old file first")
-    fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{key}\n")
-    public.write_text(f"{key.public()}\n")
+    try:
+        fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{key}\n")
+        public.write_text(f"{key.public()}\n")
+    except OSError as exc:
+        raise InputError(f"{exc.filename or secret}: cannot write the key: {exc.strerror}.",
+                         hint="give --dir a folder you can write") from exc

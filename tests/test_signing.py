@@ -81,3 +81,10 @@ def test_keygen_refuses_a_name_that_cannot_prefix_a_signature(
     assert main(["cache", "keygen", "a:b", "--dir", str(tmp_path)]) == 2
     assert "key name 'a:b' is not valid" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_keygen_into_a_missing_folder_is_one_line(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cache", "keygen", "k", "--dir", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write the key" in err and "Traceback" not in err
