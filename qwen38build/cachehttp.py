@@ -105,17 +105,17 @@ def copy_to(
 ) -> int:
     """Stream the body into ``sink`` in blocks, at most ``limit`` bytes; the count copied.
 
-    A body longer than ``limit`` stops at ``limit + 1`` bytes (the caller sees the excess).
+    Each block is a new object, so ``sink`` may hand it to another thread. A body longer
+    than ``limit`` stops at ``limit + 1`` bytes (the caller sees the excess).
     """
-    buf = bytearray(BLOCK)
-    view = memoryview(buf)
     total = 0
     try:
         while total <= limit:
-            n = resp.readinto(view[: min(BLOCK, limit + 1 - total)])
+            buf = bytearray(min(BLOCK, limit + 1 - total))
+            n = resp.readinto(buf)
             if not n:
                 break
-            sink(view[:n])
+            sink(memoryview(buf)[:n])
             total += n
     except (OSError, http.client.HTTPException) as exc:
         raise _failure(url, exc) from exc

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -100,13 +101,19 @@ class Substituters:
         if marks:
             reporter.note(step, f"downloading {o.name} ({o.size / 1e6:.0f} MB)")
         done = 0
-        with cachehttp.get(url, self.config.timeout) as resp, dest.open("wb") as f:
+        # sha256 runs on its own thread, a block behind: hashing a block overlaps writing
+        # it and receiving the next (both release the GIL), so the hash costs no time.
+        hashing: Future[None] | None = None
+        with (cachehttp.get(url, self.config.timeout) as resp, dest.open("wb") as f,
+              ThreadPoolExecutor(max_workers=1) as hasher):
             if resp is None:
                 raise CacheError(f"{url}: missing, though its signed record lists it")
 
             def sink(block: memoryview) -> None:
-                nonlocal done
-                h.update(block)
+                nonlocal done, hashing
+                if hashing is not None:
+                    hashing.result()
+                hashing = hasher.submit(h.update, block)
                 f.write(block)
                 done += len(block)
                 while marks and done >= marks[0]:
@@ -115,6 +122,8 @@ class Substituters:
                                   f"{o.size / 1e6:.0f} MB")
 
             got = cachehttp.copy_to(resp, url, sink, o.size)
+            if hashing is not None:
+                hashing.result()
         if got < o.size:
             raise CacheError(f"{url}: cut short at {got} of {o.size} bytes")
         if got > o.size or h.hexdigest() != o.sha256:
