@@ -177,7 +177,7 @@ def report(times: dict[str, list[float]], wheel_size: int, kernels: bool, *,
               "kernels built", "kernels substituted"):
         if k in med:
             r = ratios.get(k)
-            print(f"| {k} | {med[k]:.3f} | {f'{r[1]:.2f}x' if r else ''} | "
+            print(f"| {k} | {med[k]:.3f} | {f'{r[1]:.3g}x' if r else ''} | "
                   f"{r[0] if r else ''} |")
     if not kernels:
         print("kernels: skipped, no nvcc (give --nvcc-bin DIR)")

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from qwen38build.plan import Plan
     from qwen38build.recipe import LoadedRecipe
     from qwen38build.store import Store
+    from qwen38build.substituter import Substituters
 
 DESCRIPTION = """\
 Build a patched vLLM wheel from recipe.toml and lock/, cached by input digest in a
@@ -50,7 +51,7 @@ def load_plan(loaded: LoadedRecipe) -> Plan:
     return make_plan(loaded, lock.read(loaded.root))
 
 
-def open_substituters(args: argparse.Namespace) -> Any:
+def open_substituters(args: argparse.Namespace) -> Substituters | None:
     """The caches this run may substitute from (user config, env, flags); None when none."""
     from qwen38build import cacheconfig
     from qwen38build.substituter import Substituters
