@@ -88,7 +88,8 @@ def read_all(url: str, timeout: float, limit: int) -> bytes | None:
         if resp is None:
             return None
         try:
-            while chunk := resp.read(min(BLOCK, limit + 1 - total)):
+            # read1: what has arrived, so a server trickling bytes meets the deadline.
+            while chunk := resp.read1(min(BLOCK, limit + 1 - total)):
                 chunks.append(chunk)
                 total += len(chunk)
                 if total > limit:

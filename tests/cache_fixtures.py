@@ -149,6 +149,9 @@ class FaultServer(ThreadingHTTPServer):
         self.faults: dict[str, Fault] = {}
         self.requests: list[str] = []
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a client that hangs up on a fault is the point, not a failure
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}/q38"
@@ -180,6 +183,17 @@ def status(code: int) -> Fault:
     def fault(h: FaultHandler, data: bytes) -> None:
         h._send(code, b"<html>oops</html>\n")
     return fault
+
+
+def trickle(h: FaultHandler, data: bytes) -> None:
+    """Announce the whole file, then send a byte every 0.1 s: no single read times out."""
+    h.send_response(200)
+    h.send_header("Content-Length", str(len(data)))
+    h.end_headers()
+    for i in range(len(data)):
+        h.wfile.write(data[i : i + 1])
+        h.wfile.flush()
+        time.sleep(0.1)
 
 
 def garbage(h: FaultHandler, data: bytes) -> None:

@@ -190,6 +190,7 @@ def _record_of(pushed: Pushed, index: int) -> str:
 
 WHOLE_CACHE_FAULTS: dict[str, Callable[[Pushed], dict[str, cf.Fault]]] = {
     "slow": lambda p: {".json": cf.slow(3.0)},
+    "trickling": lambda p: {".json": cf.trickle},
     "500": lambda p: {".json": cf.status(500)},
     "503 on an output": lambda p: {".whl": cf.status(503)},
     "garbage": lambda p: {".json": cf.garbage},
