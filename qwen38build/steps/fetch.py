@@ -40,6 +40,12 @@ def run(ctx: Context) -> None:
             return
     name, version, platform = _from_filename(filename)
     python = str(hints.get("python") or f"{sys.version_info[0]}.{sys.version_info[1]}")
+    from qwen38build.cacheconfig import offline_env
+
+    if offline_env():
+        raise FetchError(
+            f"{filename} is in no local store or sources folder, and offline mode forbids "
+            "fetching it.", hint="run once without --offline, or set QWEN38BUILD_SOURCES")
     with tempfile.TemporaryDirectory(prefix="fetch.", dir=ctx.scratch) as tmp:
         got = pip_download(name, version, python=python, platform=str(
             hints.get("platform") or platform), dest=Path(tmp))

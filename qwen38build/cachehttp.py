@@ -1,0 +1,159 @@
+"""The cache protocol's transport: GET, HEAD and PUT of files under a URL prefix.
+
+Plain ``http.client`` with a timeout on every connect and read, so a cache that is down
+or stalls costs at most that long. Every transport failure (refused, timed out, reset, a
+5xx, a redirect, a body shorter than announced) becomes one :class:`CacheError` here, the
+one seam where foreign errors are translated. A 404 is an answer, not a failure. No
+redirects are followed and no proxy variables are read: the URL names the server.
+``$QWEN38BUILD_CACHE_AUTH``, when set, is sent as the ``Authorization`` header.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Protocol
+from urllib.parse import quote, urlsplit
+
+from qwen38build.errors import CacheError
+
+ENV_AUTH = "QWEN38BUILD_CACHE_AUTH"
+BLOCK = 1 << 20
+
+
+class Readable(Protocol):
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
+def join(base: str, *parts: str) -> str:
+    """``base/part/...`` with each part percent-quoted (its slashes kept)."""
+    return "/".join([base.rstrip("/"), *(quote(p, safe="/") for p in parts)])
+
+
+def _connect(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+    parts = urlsplit(url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    try:
+        conn = cls(parts.netloc, timeout=timeout, blocksize=BLOCK)
+    except (ValueError, http.client.HTTPException) as exc:  # a bad port, say
+        raise CacheError(f"{url}: not a usable URL: {exc}") from exc
+    return conn, parts.path or "/"
+
+
+def _headers(extra: dict[str, str] | None = None) -> dict[str, str]:
+    headers = {"User-Agent": "qwen38build-cache/1", **(extra or {})}
+    auth = os.environ.get(ENV_AUTH)
+    if auth:
+        headers["Authorization"] = auth
+    return headers
+
+
+def _failure(url: str, exc: BaseException) -> CacheError:
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return CacheError(f"{url}: no answer within the timeout")
+    return CacheError(f"{url}: {type(exc).__name__}: {exc}".rstrip(": "))
+
+
+@contextmanager
+def get(url: str, timeout: float) -> Iterator[http.client.HTTPResponse | None]:
+    """The open response to ``GET url``, or None when the server says 404 (a miss)."""
+    conn, path = _connect(url, timeout)
+    try:
+        try:
+            conn.request("GET", path, headers=_headers())
+            resp = conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            raise _failure(url, exc) from exc
+        if resp.status in (404, 410):
+            yield None
+            return
+        if resp.status != 200:
+            raise CacheError(f"{url}: the server answered {resp.status} {resp.reason}")
+        yield resp
+    finally:
+        conn.close()
+
+
+def read_all(url: str, timeout: float, limit: int) -> bytes | None:
+    """The whole body of a small file (at most ``limit`` bytes, all within ``timeout``
+    seconds in total), or None on 404."""
+    deadline = time.monotonic() + timeout
+    chunks: list[bytes] = []
+    total = 0
+    with get(url, timeout) as resp:
+        if resp is None:
+            return None
+        try:
+            # read1: what has arrived, so a server trickling bytes meets the deadline.
+            while chunk := resp.read1(min(BLOCK, limit + 1 - total)):
+                chunks.append(chunk)
+                total += len(chunk)
+                if total > limit:
+                    raise CacheError(f"{url}: larger than {limit} bytes; not a cache record")
+                if time.monotonic() > deadline:
+                    raise CacheError(f"{url}: not received within {timeout:g}s")
+        except (OSError, http.client.HTTPException) as exc:
+            raise _failure(url, exc) from exc
+    return b"".join(chunks)
+
+
+def copy_to(
+    resp: http.client.HTTPResponse, url: str, sink: Callable[[memoryview], None], limit: int,
+) -> int:
+    """Stream the body into ``sink`` in blocks, at most ``limit`` bytes; the count copied.
+
+    Each block is a new object, so ``sink`` may hand it to another thread. A body longer
+    than ``limit`` stops at ``limit + 1`` bytes (the caller sees the excess).
+    """
+    total = 0
+    try:
+        while total <= limit:
+            buf = bytearray(min(BLOCK, limit + 1 - total))
+            n = resp.readinto(buf)
+            if not n:
+                break
+            sink(memoryview(buf)[:n])
+            total += n
+    except (OSError, http.client.HTTPException) as exc:
+        raise _failure(url, exc) from exc
+    return total
+
+
+def exists(url: str, timeout: float) -> int | None:
+    """``HEAD url``: the size the server gives (-1 if none), or None when it has no such file."""
+    conn, path = _connect(url, timeout)
+    try:
+        conn.request("HEAD", path, headers=_headers())
+        resp = conn.getresponse()
+        resp.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise _failure(url, exc) from exc
+    finally:
+        conn.close()
+    if resp.status in (404, 410):
+        return None
+    if resp.status != 200:
+        raise CacheError(f"{url}: HEAD answered {resp.status} {resp.reason}")
+    length = resp.getheader("Content-Length")
+    return int(length) if length and length.isdigit() else -1
+
+
+def put(url: str, body: Readable | bytes, size: int, timeout: float) -> None:
+    """``PUT url`` with ``size`` bytes from ``body``; any answer but 2xx is a CacheError."""
+    conn, path = _connect(url, timeout)
+    try:
+        conn.request("PUT", path, body=body, headers=_headers({
+            "Content-Length": str(size), "Content-Type": "application/octet-stream"}))
+        resp = conn.getresponse()
+        text = resp.read(512).decode("utf-8", "replace").strip()
+    except (OSError, http.client.HTTPException) as exc:
+        raise _failure(url, exc) from exc
+    finally:
+        conn.close()
+    if not 200 <= resp.status < 300:
+        raise CacheError(f"{url}: PUT answered {resp.status} {resp.reason}"
+                         + (f": {text.splitlines()[0][:200]}" if text else ""))
