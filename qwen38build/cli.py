@@ -522,7 +522,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     outcomes: dict[str, Outcome] = {}
     # The toolchain first, once; then the arches, which are independent: side by side
     # (each under its digest's lock).
-    outcomes.update(realise([d for _, d in cubins[0].deps], store, reporter))
+    outcomes.update(realise([d for _, d in cubins[0].deps], store, reporter, substituters=subs))
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for result in pool.map(lambda s: realise([s], store, reporter, substituters=subs),
                                cubins):

@@ -77,7 +77,7 @@ def test_push_of_a_changed_store_entry_publishes_no_record(
     with cf.nginx(tmp_path / "cache", tmp_path / "nginx") as url:
         assert project.run("push", url, "--key", str(key_file)) == 1
         err = capsys.readouterr().err
-    assert "changed since the store wrote it" in err
+    assert "nothing of it was pushed" in err
     digest = wheel.parent.name
     assert not (tmp_path / "cache" / f"{digest}.json").exists()
 

@@ -23,7 +23,9 @@ from qwen38build.steps import ENGINE
 
 KIND = "fetch"
 FIXED_OUTPUT = True  # keyed by file name and sha256 alone; see qwen38build.steps
-IMPLEMENTATION = (*ENGINE, "qwen38build.wheelzip")
+# (fixed output: the list is not in the digest, but kept whole like every kind's)
+IMPLEMENTATION = (*ENGINE, "qwen38build.wheelzip", "qwen38build.cacheconfig",
+                  "qwen38build.signing")
 
 
 def run(ctx: Context) -> None:
