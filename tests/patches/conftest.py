@@ -29,6 +29,7 @@ SERIES = [e.topic for e in recipe.load(REPO / "recipe.toml").series_entries()
 EXTRA_MEMBERS: list[str] = [
     "entrypoints/openai/models/protocol.py",
     "scalar_type.py",
+    "entrypoints/serve/utils/api_utils.py",
 ]
 
 
