@@ -214,3 +214,39 @@ def tree_before(pristine: Path, dest: Path, topic: str) -> Path:
             cwd=tree, check=True, capture_output=True,
         )
     return tree
+
+
+def load_kv_cache_interface(tree: Path) -> types.ModuleType:
+    """vLLM's v1/kv_cache_interface.py (the real KV cache spec classes) on CPU torch,
+    with its own math, layout and spec-registry modules; only the attention backend
+    registry and the dtype-size helper stand in."""
+    import enum
+
+    import torch
+
+    class MambaAttentionBackendEnum(enum.Enum):
+        MAMBA1 = "MAMBA1"
+        MAMBA2 = "MAMBA2"
+        SHORT_CONV = "SHORT_CONV"
+        LINEAR = "LINEAR"
+        GDN_ATTN = "GDN_ATTN"
+
+    def get_dtype_size(dtype: torch.dtype) -> int:
+        return torch.tensor([], dtype=dtype).element_size()
+
+    logger_mod = make_module("vllm.logger", init_logger=logging.getLogger)
+    math_utils = load_module(tree / "utils/math_utils.py")
+    layout = load_module(tree / "v1/kv_cache_layout.py")
+    registry = load_module(tree / "v1/kv_cache_spec_registry.py",
+                           {"vllm.logger": logger_mod})
+    return load_with_auto_stubs(tree / "v1/kv_cache_interface.py", {
+        "vllm.logger": logger_mod,
+        "vllm.utils.math_utils": math_utils,
+        "vllm.utils.torch_utils": make_module("vllm.utils.torch_utils",
+                                              get_dtype_size=get_dtype_size),
+        "vllm.v1.attention.backends.registry": make_module(
+            "vllm.v1.attention.backends.registry",
+            MambaAttentionBackendEnum=MambaAttentionBackendEnum),
+        "vllm.v1.kv_cache_layout": layout,
+        "vllm.v1.kv_cache_spec_registry": registry,
+    })

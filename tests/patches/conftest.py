@@ -30,6 +30,10 @@ EXTRA_MEMBERS: list[str] = [
     "entrypoints/openai/models/protocol.py",
     "scalar_type.py",
     "entrypoints/serve/utils/api_utils.py",
+    "utils/math_utils.py",
+    "v1/kv_cache_interface.py",
+    "v1/kv_cache_layout.py",
+    "v1/kv_cache_spec_registry.py",
 ]
 
 
