@@ -31,6 +31,8 @@ EXTRA_MEMBERS: list[str] = [
     "scalar_type.py",
     "entrypoints/serve/utils/api_utils.py",
     "utils/math_utils.py",
+    "transformers_utils/config.py",
+    "transformers_utils/configs/eagle.py",
     "v1/kv_cache_interface.py",
     "v1/kv_cache_layout.py",
     "v1/kv_cache_spec_registry.py",
