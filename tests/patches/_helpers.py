@@ -144,9 +144,9 @@ def load_with_auto_stubs(path: Path, overrides: dict[str, types.ModuleType] | No
                          prefixes: tuple[str, ...] = ("vllm",)) -> types.ModuleType:
     """Import ``path`` with every module it imports under ``prefixes`` replaced by an
     AutoStub (``overrides`` wins; vllm.logger gives real stdlib loggers)."""
-    stubs: dict[str, types.ModuleType] = {
-        "vllm.logger": make_module("vllm.logger", init_logger=logging.getLogger),
-    }
+    logger_stub = AutoStub("vllm.logger")
+    logger_stub.__dict__["init_logger"] = logging.getLogger
+    stubs: dict[str, types.ModuleType] = {"vllm.logger": logger_stub}
     for name in sorted(_imported_modules(path)):
         if name.split(".")[0] in prefixes and name not in stubs:
             stubs[name] = AutoStub(name)
