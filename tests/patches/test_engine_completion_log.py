@@ -116,9 +116,10 @@ def _core_step_watch(tree: Path, engine_index: int) -> Any:
             raise _HandshakeReached
 
     proc = Proc.__new__(Proc)
+    init: Any = Proc.__init__
     with pytest.raises(_HandshakeReached):
-        Proc.__init__(proc, SimpleNamespace(), True, "ipc://h", object, False,
-                      engine_index=engine_index)
+        init(proc, SimpleNamespace(), True, "ipc://h", object, False,
+             engine_index=engine_index)
     return getattr(proc, "step_watch", None)
 
 
