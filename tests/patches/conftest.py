@@ -10,6 +10,7 @@ the tests load are extracted.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -83,6 +84,11 @@ def pristine_vllm(_vllm_trees: tuple[Path, Path]) -> Path:
     return _vllm_trees[0]
 
 
+# bench/series_cuts.py points the patched tests at a tree cut before or through a patch.
+PATCHED_TREE_ENV = "QWEN38_PATCHED_VLLM"
+
+
 @pytest.fixture(scope="session")
 def patched_vllm(_vllm_trees: tuple[Path, Path]) -> Path:
-    return _vllm_trees[1]
+    override = os.environ.get(PATCHED_TREE_ENV)
+    return Path(override) if override else _vllm_trees[1]
