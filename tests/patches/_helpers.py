@@ -130,26 +130,71 @@ class AutoStub(types.ModuleType):
         return value
 
 
-def _imported_modules(path: Path) -> set[str]:
+class _LooseMeta(type):
+    """Class-level attributes of a loose placeholder class are placeholders too."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return LoosePlaceholder()
+
+
+class LoosePlaceholder(Placeholder, metaclass=_LooseMeta):
+    """A placeholder that also stands in at class level and in ``|`` expressions
+    (module-level code of model files reads class attributes of what it imports)."""
+
+    def __or__(self, other: Any) -> Any:
+        return self
+
+    def __ror__(self, other: Any) -> Any:
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Used as a decorator (``@REGISTRY.register(...)``), it hands the class back.
+        if len(args) == 1 and not kwargs and isinstance(args[0], type):
+            return args[0]
+        return LoosePlaceholder()
+
+
+class LooseAutoStub(AutoStub):
+    """An AutoStub whose classes are loose placeholders."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = _LooseMeta(name, (LoosePlaceholder,), {})
+        setattr(self, name, value)
+        return value
+
+
+def _imported_modules(path: Path, package: str | None = None) -> set[str]:
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
+        elif isinstance(node, ast.ImportFrom) and node.level and package:
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            names.add(f"{base}.{node.module}" if node.module else base)
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
     return names
 
 
 def load_with_auto_stubs(path: Path, overrides: dict[str, types.ModuleType] | None = None,
-                         prefixes: tuple[str, ...] = ("vllm",)) -> types.ModuleType:
+                         prefixes: tuple[str, ...] = ("vllm",),
+                         package: str | None = None, loose: bool = False) -> types.ModuleType:
     """Import ``path`` with every module it imports under ``prefixes`` replaced by an
-    AutoStub (``overrides`` wins; vllm.logger gives real stdlib loggers)."""
+    AutoStub (``overrides`` wins; vllm.logger gives real stdlib loggers). With
+    ``package``, the module is loaded as a member of that package, so its relative
+    imports resolve (to stubs, or to ``overrides``). ``loose`` stubs with
+    LooseAutoStub."""
+    stub_cls = LooseAutoStub if loose else AutoStub
     logger_stub = AutoStub("vllm.logger")
     logger_stub.__dict__["init_logger"] = logging.getLogger
     stubs: dict[str, types.ModuleType] = {"vllm.logger": logger_stub}
-    for name in sorted(_imported_modules(path)):
+    for name in sorted(_imported_modules(path, package)):
         if name.split(".")[0] in prefixes and name not in stubs:
-            stubs[name] = AutoStub(name)
+            stubs[name] = stub_cls(name)
     stubs.update(overrides or {})
     # Parent packages of every stub (``import vllm.envs`` binds ``vllm`` first).
     for name in list(stubs):
@@ -157,13 +202,14 @@ def load_with_auto_stubs(path: Path, overrides: dict[str, types.ModuleType] | No
         for i in range(1, len(parts)):
             parent = ".".join(parts[:i])
             if parent not in stubs:
-                stubs[parent] = AutoStub(parent)
+                stubs[parent] = stub_cls(parent)
     # Let `from pkg import sub` find submodule stubs as attributes of the parent stub.
     for name, mod in stubs.items():
         parent, _, child = name.rpartition(".")
         if parent in stubs and child:
             setattr(stubs[parent], child, mod)
-    return load_module(path, stubs)
+    modname = f"{package}.{path.stem}" if package else None
+    return load_module(path, stubs, name=modname)
 
 
 def load_envs(tree: Path) -> types.ModuleType:

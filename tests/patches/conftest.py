@@ -33,6 +33,8 @@ EXTRA_MEMBERS: list[str] = [
     "entrypoints/serve/utils/api_utils.py",
     "utils/math_utils.py",
     "transformers_utils/config.py",
+    "model_executor/models/qwen3_5.py",
+    "model_executor/models/qwen3_5_mtp.py",
     "transformers_utils/configs/eagle.py",
     "v1/kv_cache_interface.py",
     "v1/kv_cache_layout.py",
