@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
 import itertools
 import json
 import logging
@@ -143,6 +144,17 @@ class LoosePlaceholder(Placeholder, metaclass=_LooseMeta):
     """A placeholder that also stands in at class level and in ``|`` expressions
     (module-level code of model files reads class attributes of what it imports)."""
 
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return LoosePlaceholder()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
     def __or__(self, other: Any) -> Any:
         return self
 
@@ -150,8 +162,10 @@ class LoosePlaceholder(Placeholder, metaclass=_LooseMeta):
         return self
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # Used as a decorator (``@REGISTRY.register(...)``), it hands the class back.
-        if len(args) == 1 and not kwargs and isinstance(args[0], type):
+        # Used as a decorator (``@REGISTRY.register(...)``), it hands the class or
+        # function back.
+        if len(args) == 1 and not kwargs and (isinstance(args[0], type)
+                                              or inspect.isfunction(args[0])):
             return args[0]
         return LoosePlaceholder()
 
@@ -296,3 +310,23 @@ def load_kv_cache_interface(tree: Path) -> types.ModuleType:
         "vllm.v1.kv_cache_layout": layout,
         "vllm.v1.kv_cache_spec_registry": registry,
     })
+
+
+class OnceLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """vLLM's logger interface (``info_once`` and friends) over a stdlib logger."""
+
+    def info_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        self.info(msg, *args)
+
+    def warning_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        self.warning(msg, *args)
+
+    def debug_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        self.debug(msg, *args)
+
+
+def once_logger_module() -> types.ModuleType:
+    """A vllm.logger stand-in whose init_logger gives OnceLoggers."""
+    mod = LooseAutoStub("vllm.logger")
+    mod.__dict__["init_logger"] = lambda name: OnceLogger(logging.getLogger(name), {})
+    return mod

@@ -34,6 +34,7 @@ EXTRA_MEMBERS: list[str] = [
     "utils/math_utils.py",
     "transformers_utils/config.py",
     "model_executor/models/qwen3_5.py",
+    "v1/sample/ops/topk_topp_sampler.py",
     "model_executor/models/qwen3_5_mtp.py",
     "transformers_utils/configs/eagle.py",
     "v1/kv_cache_interface.py",
