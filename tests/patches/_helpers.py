@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
 import itertools
 import json
 import logging
@@ -130,26 +131,84 @@ class AutoStub(types.ModuleType):
         return value
 
 
-def _imported_modules(path: Path) -> set[str]:
+class _LooseMeta(type):
+    """Class-level attributes of a loose placeholder class are placeholders too."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return LoosePlaceholder()
+
+
+class LoosePlaceholder(Placeholder, metaclass=_LooseMeta):
+    """A placeholder that also stands in at class level and in ``|`` expressions
+    (module-level code of model files reads class attributes of what it imports)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return LoosePlaceholder()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __or__(self, other: Any) -> Any:
+        return self
+
+    def __ror__(self, other: Any) -> Any:
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Used as a decorator (``@REGISTRY.register(...)``), it hands the class or
+        # function back.
+        if len(args) == 1 and not kwargs and (isinstance(args[0], type)
+                                              or inspect.isfunction(args[0])):
+            return args[0]
+        return LoosePlaceholder()
+
+
+class LooseAutoStub(AutoStub):
+    """An AutoStub whose classes are loose placeholders."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = _LooseMeta(name, (LoosePlaceholder,), {})
+        setattr(self, name, value)
+        return value
+
+
+def _imported_modules(path: Path, package: str | None = None) -> set[str]:
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
+        elif isinstance(node, ast.ImportFrom) and node.level and package:
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            names.add(f"{base}.{node.module}" if node.module else base)
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
     return names
 
 
 def load_with_auto_stubs(path: Path, overrides: dict[str, types.ModuleType] | None = None,
-                         prefixes: tuple[str, ...] = ("vllm",)) -> types.ModuleType:
+                         prefixes: tuple[str, ...] = ("vllm",),
+                         package: str | None = None, loose: bool = False) -> types.ModuleType:
     """Import ``path`` with every module it imports under ``prefixes`` replaced by an
-    AutoStub (``overrides`` wins; vllm.logger gives real stdlib loggers)."""
-    stubs: dict[str, types.ModuleType] = {
-        "vllm.logger": make_module("vllm.logger", init_logger=logging.getLogger),
-    }
-    for name in sorted(_imported_modules(path)):
+    AutoStub (``overrides`` wins; vllm.logger gives real stdlib loggers). With
+    ``package``, the module is loaded as a member of that package, so its relative
+    imports resolve (to stubs, or to ``overrides``). ``loose`` stubs with
+    LooseAutoStub."""
+    stub_cls = LooseAutoStub if loose else AutoStub
+    logger_stub = AutoStub("vllm.logger")
+    logger_stub.__dict__["init_logger"] = logging.getLogger
+    stubs: dict[str, types.ModuleType] = {"vllm.logger": logger_stub}
+    for name in sorted(_imported_modules(path, package)):
         if name.split(".")[0] in prefixes and name not in stubs:
-            stubs[name] = AutoStub(name)
+            stubs[name] = stub_cls(name)
     stubs.update(overrides or {})
     # Parent packages of every stub (``import vllm.envs`` binds ``vllm`` first).
     for name in list(stubs):
@@ -157,13 +216,14 @@ def load_with_auto_stubs(path: Path, overrides: dict[str, types.ModuleType] | No
         for i in range(1, len(parts)):
             parent = ".".join(parts[:i])
             if parent not in stubs:
-                stubs[parent] = AutoStub(parent)
+                stubs[parent] = stub_cls(parent)
     # Let `from pkg import sub` find submodule stubs as attributes of the parent stub.
     for name, mod in stubs.items():
         parent, _, child = name.rpartition(".")
         if parent in stubs and child:
             setattr(stubs[parent], child, mod)
-    return load_module(path, stubs)
+    modname = f"{package}.{path.stem}" if package else None
+    return load_module(path, stubs, name=modname)
 
 
 def load_envs(tree: Path) -> types.ModuleType:
@@ -214,3 +274,59 @@ def tree_before(pristine: Path, dest: Path, topic: str) -> Path:
             cwd=tree, check=True, capture_output=True,
         )
     return tree
+
+
+def load_kv_cache_interface(tree: Path) -> types.ModuleType:
+    """vLLM's v1/kv_cache_interface.py (the real KV cache spec classes) on CPU torch,
+    with its own math, layout and spec-registry modules; only the attention backend
+    registry and the dtype-size helper stand in."""
+    import enum
+
+    import torch
+
+    class MambaAttentionBackendEnum(enum.Enum):
+        MAMBA1 = "MAMBA1"
+        MAMBA2 = "MAMBA2"
+        SHORT_CONV = "SHORT_CONV"
+        LINEAR = "LINEAR"
+        GDN_ATTN = "GDN_ATTN"
+
+    def get_dtype_size(dtype: torch.dtype) -> int:
+        return torch.tensor([], dtype=dtype).element_size()
+
+    logger_mod = make_module("vllm.logger", init_logger=logging.getLogger)
+    math_utils = load_module(tree / "utils/math_utils.py")
+    layout = load_module(tree / "v1/kv_cache_layout.py")
+    registry = load_module(tree / "v1/kv_cache_spec_registry.py",
+                           {"vllm.logger": logger_mod})
+    return load_with_auto_stubs(tree / "v1/kv_cache_interface.py", {
+        "vllm.logger": logger_mod,
+        "vllm.utils.math_utils": math_utils,
+        "vllm.utils.torch_utils": make_module("vllm.utils.torch_utils",
+                                              get_dtype_size=get_dtype_size),
+        "vllm.v1.attention.backends.registry": make_module(
+            "vllm.v1.attention.backends.registry",
+            MambaAttentionBackendEnum=MambaAttentionBackendEnum),
+        "vllm.v1.kv_cache_layout": layout,
+        "vllm.v1.kv_cache_spec_registry": registry,
+    })
+
+
+class OnceLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """vLLM's logger interface (``info_once`` and friends) over a stdlib logger."""
+
+    def info_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        self.info(msg, *args)
+
+    def warning_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        self.warning(msg, *args)
+
+    def debug_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        self.debug(msg, *args)
+
+
+def once_logger_module() -> types.ModuleType:
+    """A vllm.logger stand-in whose init_logger gives OnceLoggers."""
+    mod = LooseAutoStub("vllm.logger")
+    mod.__dict__["init_logger"] = lambda name: OnceLogger(logging.getLogger(name), {})
+    return mod

@@ -10,6 +10,7 @@ the tests load are extracted.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -29,6 +30,16 @@ SERIES = [e.topic for e in recipe.load(REPO / "recipe.toml").series_entries()
 EXTRA_MEMBERS: list[str] = [
     "entrypoints/openai/models/protocol.py",
     "scalar_type.py",
+    "entrypoints/serve/utils/api_utils.py",
+    "utils/math_utils.py",
+    "transformers_utils/config.py",
+    "model_executor/models/qwen3_5.py",
+    "v1/sample/ops/topk_topp_sampler.py",
+    "model_executor/models/qwen3_5_mtp.py",
+    "transformers_utils/configs/eagle.py",
+    "v1/kv_cache_interface.py",
+    "v1/kv_cache_layout.py",
+    "v1/kv_cache_spec_registry.py",
 ]
 
 
@@ -76,6 +87,11 @@ def pristine_vllm(_vllm_trees: tuple[Path, Path]) -> Path:
     return _vllm_trees[0]
 
 
+# bench/series_cuts.py points the patched tests at a tree cut before or through a patch.
+PATCHED_TREE_ENV = "QWEN38_PATCHED_VLLM"
+
+
 @pytest.fixture(scope="session")
 def patched_vllm(_vllm_trees: tuple[Path, Path]) -> Path:
-    return _vllm_trees[1]
+    override = os.environ.get(PATCHED_TREE_ENV)
+    return Path(override) if override else _vllm_trees[1]

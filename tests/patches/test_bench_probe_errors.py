@@ -35,6 +35,13 @@ class SampleRequest:
     prompt: Any
     prompt_len: int
     expected_output_len: int = 8
+    multi_modal_data: Any = None
+    request_overrides: Any = None
+    chat_messages: Any = None
+
+
+class _ScrapesSeen(Exception):
+    """Stops benchmark() once both of its "before" /metrics scrapes have run."""
 
 
 def _load(tree: Path) -> Any:
@@ -156,9 +163,56 @@ def _check_metrics(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     without, with_key = asyncio.run(_with_server(scrape))
     assert without is None
     assert with_key is not None and with_key.num_drafts == 10
-    # benchmark() builds the scrape headers from OPENAI_API_KEY and --header.
-    src = inspect.getsource(serve.benchmark)
-    assert src.count("metrics_headers") >= 5
+
+
+def _benchmark_scrapes(tree: Path, monkeypatch: pytest.MonkeyPatch,
+                       extra_headers: dict[str, str] | None) -> list[tuple[str, Any, Any]]:
+    """Run vLLM's benchmark() against the local server up to its first two /metrics
+    scrapes (the real fetch functions, recorded on the way): (name, headers, result)."""
+    serve = _load(tree)
+    calls: list[tuple[str, Any, Any]] = []
+    real_spec, real_diffusion = serve.fetch_spec_decode_metrics, serve.fetch_diffusion_metrics
+
+    async def spec(base: str, session: Any, *args: Any, **kwargs: Any) -> Any:
+        result = await real_spec(base, session, *args, **kwargs)
+        calls.append(("spec_decode", (args, kwargs), result))
+        return result
+
+    async def diffusion(base: str, session: Any, *args: Any, **kwargs: Any) -> Any:
+        result = await real_diffusion(base, session, *args, **kwargs)
+        calls.append(("diffusion", (args, kwargs), result))
+        await session.close()  # benchmark() stops here; close what it opened
+        raise _ScrapesSeen
+
+    monkeypatch.setattr(serve, "fetch_spec_decode_metrics", spec)
+    monkeypatch.setattr(serve, "fetch_diffusion_metrics", diffusion)
+
+    async def run(base: str, seen: list[dict[str, str]]) -> None:
+        with pytest.raises(_ScrapesSeen):
+            await serve.benchmark(
+                task_type=None, endpoint_type="openai", api_url=f"{base}/v1/completions",
+                base_url=base, model_id="m", model_name="m", tokenizer=None,
+                input_requests=[SampleRequest("abcdefgh", 5)], logprobs=None,
+                request_rate=float("inf"), burstiness=1.0, disable_tqdm=True,
+                num_warmups=0, profile=False, selected_percentile_metrics=[],
+                selected_percentiles=[], ignore_eos=False, goodput_config_dict={},
+                max_concurrency=None, lora_modules=None, extra_headers=extra_headers,
+                extra_body=None, ready_check_timeout_sec=0)
+
+    asyncio.run(_with_server(run))
+    return calls
+
+
+def _check_benchmark_wiring(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmark() sends its scrapes the Bearer key of OPENAI_API_KEY, --header winning."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    calls = _benchmark_scrapes(tree, monkeypatch, None)
+    assert [name for name, _, _ in calls] == ["spec_decode", "diffusion"]
+    spec_result = calls[0][2]
+    assert spec_result is not None and spec_result.num_drafts == 10, "scrape not authorized"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-stale")
+    calls = _benchmark_scrapes(tree, monkeypatch, {"Authorization": f"Bearer {KEY}"})
+    assert calls[0][2] is not None and calls[0][2].num_drafts == 10, "--header did not win"
 
 
 def test_patched_probe_sends_key_and_classifies(
@@ -170,6 +224,16 @@ def test_patched_probe_sends_key_and_classifies(
 def test_patched_metrics_scrapes_send_headers(patched_vllm: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     _check_metrics(patched_vllm, monkeypatch)
+
+
+def test_patched_benchmark_scrapes_with_key(patched_vllm: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    _check_benchmark_wiring(patched_vllm, monkeypatch)
+
+
+def test_pristine_benchmark_scrapes_without_key(pristine_vllm: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    assert_pristine_lacks(lambda: _check_benchmark_wiring(pristine_vllm, monkeypatch))
 
 
 def test_pristine_lacks_probe_auth(pristine_vllm: Path, monkeypatch: pytest.MonkeyPatch,

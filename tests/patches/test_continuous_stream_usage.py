@@ -1,68 +1,212 @@
-"""continuous-stream-usage: with stream_options.continuous_usage_stats, a step whose delta a
-tool parser buffers (parse_delta returns None) still streams a chunk carrying the usage;
+"""continuous-stream-usage: with stream_options.continuous_usage_stats, a step whose delta
+the parser buffers (parse_delta returns None) still streams a chunk carrying the usage;
 without continuous usage, buffered steps are still skipped.
 
-The chat streaming generator cannot run without the engine, so the test evaluates the
-patched file's own skip condition (the `continue` guard under `if delta_message is None`
-in chat_completion_stream_generator) for each combination of its inputs."""
+Drives vLLM's own OpenAIServingChat.chat_completion_stream_generator (and its own
+should_include_usage) with a fake engine output stream and a parser that buffers its
+first deltas, as a tool or reasoning parser does. The response models are small
+stand-ins that serialise what the generator sets."""
 
 from __future__ import annotations
 
-import ast
-import itertools
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from ._helpers import assert_pristine_lacks
+from ._helpers import assert_pristine_lacks, load_with_auto_stubs, make_module
 
 pytestmark = pytest.mark.e2e
 
+PROMPT = [1, 2, 3, 4]
 
-def _skip_condition(tree: Path) -> Any:
-    path = tree / "entrypoints/openai/chat_completion/serving.py"
-    module = ast.parse(path.read_text())
-    fn = next(n for n in ast.walk(module) if isinstance(n, ast.AsyncFunctionDef)
-              and n.name == "chat_completion_stream_generator")
-    outer = [n for n in ast.walk(fn) if isinstance(n, ast.If)
-             and ast.unparse(n.test) == "delta_message is None"]
-    assert len(outer) == 1
-    guard = next(n for n in outer[0].body if isinstance(n, ast.If)
-                 and any(isinstance(s, ast.Continue) for s in n.body))
-    code = compile(ast.Expression(guard.test), str(path), "eval")
 
-    def skips(**names: Any) -> bool:
-        env = {"include_continuous_usage": False, **names}
-        return bool(eval(code, {}, env))
+class _Model:
+    """A response model: keeps what it is given, serialises it as JSON."""
 
-    return skips
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+    def _dump(self, exclude_none: bool) -> dict[str, Any]:
+        def conv(v: Any) -> Any:
+            if isinstance(v, _Model):
+                return v._dump(exclude_none)
+            if isinstance(v, list):
+                return [conv(x) for x in v]
+            return v
+        return {k: conv(v) for k, v in self.__dict__.items()
+                if not (exclude_none and v is None)}
+
+    def model_dump_json(self, exclude_unset: bool = False, exclude_none: bool = False) -> str:
+        return json.dumps(self._dump(exclude_none))
+
+
+class DeltaMessage(_Model):
+    def __init__(self, **fields: Any) -> None:
+        super().__init__(**{"role": None, "content": None, "reasoning": None,
+                            "tool_calls": [], **fields})
+
+
+def _models(*names: str) -> dict[str, type[_Model]]:
+    return {name: type(name, (_Model,), {}) for name in names}
+
+
+class GenerationError(Exception):
+    pass
+
+
+class _BufferingParser:
+    """Buffers (returns None for) the first ``hold`` deltas, then releases them."""
+
+    def __init__(self, delta_cls: type[_Model], hold: int) -> None:
+        self.delta_cls, self.hold, self.buffer = delta_cls, hold, ""
+
+    def parse_delta(self, delta_text: str, delta_token_ids: list[int], request: Any,
+                    prompt_token_ids: Any, finished: bool) -> Any:
+        self.buffer += delta_text
+        self.hold -= 1
+        if self.hold >= 0 and not finished:
+            return None
+        out, self.buffer = self.buffer, ""
+        return self.delta_cls(content=out)
+
+
+def _generator_module(tree: Path) -> Any:
+    api_utils = load_with_auto_stubs(tree / "entrypoints/serve/utils/api_utils.py", {
+        "vllm.logger": make_module("vllm.logger", init_logger=logging.getLogger,
+                                   current_formatter_type=lambda: None)})
+    base_protocol = make_module(
+        "vllm.entrypoints.generate.base.protocol",
+        DeltaMessage=DeltaMessage,
+        **_models("FunctionCall", "PerRequestMetrics",
+                  "RequestResponseMetadata", "ToolCall"))
+    chat_protocol = make_module(
+        "vllm.entrypoints.openai.chat_completion.protocol",
+        **_models("ChatCompletionLogProb", "ChatCompletionLogProbs",
+                  "ChatCompletionLogProbsContent", "ChatCompletionNamedToolChoiceParam",
+                  "ChatCompletionRequest", "ChatCompletionResponse",
+                  "ChatCompletionResponseChoice", "ChatCompletionResponseStreamChoice",
+                  "ChatCompletionStreamResponse", "ChatMessage"))
+    engine_protocol = make_module(
+        "vllm.entrypoints.serve.engine.protocol",
+        **_models("CompletionTokenUsageInfo", "ErrorResponse", "PromptTokenUsageInfo",
+                  "UsageInfo"))
+
+    class GenerateBaseServing:
+        pass
+
+    return load_with_auto_stubs(
+        tree / "entrypoints/openai/chat_completion/serving.py", {
+            "vllm.entrypoints.generate.base.protocol": base_protocol,
+            "vllm.entrypoints.generate.base.serving": make_module(
+                "vllm.entrypoints.generate.base.serving",
+                GenerateBaseServing=GenerateBaseServing,
+                build_per_request_timing_metrics=lambda metrics, n: None,
+                build_spec_decoding_metrics=lambda res: None,
+                clamp_prompt_logprobs=lambda x: x,
+                format_token_id_placeholder=str),
+            "vllm.entrypoints.openai.chat_completion.protocol": chat_protocol,
+            "vllm.entrypoints.serve.engine.protocol": engine_protocol,
+            "vllm.entrypoints.serve.utils.api_utils": api_utils,
+            "vllm.entrypoints.serve.utils.tool_calls_utils": make_module(
+                "vllm.entrypoints.serve.utils.tool_calls_utils",
+                maybe_filter_parallel_tool_calls=lambda choice, request: choice),
+            "vllm.exceptions": make_module("vllm.exceptions",
+                                           GenerationError=GenerationError),
+            "vllm.utils.collection_utils": make_module("vllm.utils.collection_utils",
+                                                       as_list=list),
+        })
+
+
+def _stream(tree: Path, continuous: bool, include_usage: bool = True) -> list[Any]:
+    """Run the generator over four one-token steps, the parser holding the first two."""
+    module = _generator_module(tree)
+    delta_cls = module.DeltaMessage
+    serving = module.OpenAIServingChat.__new__(module.OpenAIServingChat)
+
+    def unexpected_error(e: Exception) -> str:
+        raise AssertionError(f"the generator reported an error: {e!r}")
+
+    serving.__dict__.update(
+        parser_cls=_BufferingParser, enable_force_include_usage=False,
+        _include_reasoning_tokens_details=False, enable_log_outputs=False,
+        request_logger=None, system_fingerprint=None, enable_prompt_tokens_details=False,
+        enable_per_request_metrics=False,
+        _make_parser=lambda request, tokenizer, kwargs: _BufferingParser(delta_cls, 2),
+        get_chat_request_role=lambda request: "assistant",
+        _raise_if_error=lambda finish_reason, request_id: None,
+        create_streaming_error_response=unexpected_error,
+    )
+    request = SimpleNamespace(
+        n=1, tool_choice="auto", echo=False, logprobs=False, include_reasoning=True,
+        return_token_ids=False, return_prompt_text=False,
+        stream_options=SimpleNamespace(include_usage=include_usage,
+                                       continuous_usage_stats=continuous))
+
+    async def engine() -> AsyncIterator[Any]:
+        texts = ["<tool", "_call>", "{}", "</tool_call>"]
+        for step, text in enumerate(texts):
+            last = step == len(texts) - 1
+            yield SimpleNamespace(
+                prompt_token_ids=PROMPT, encoder_prompt_token_ids=None,
+                num_cached_tokens=0, num_cache_creation_tokens=None, prompt=None,
+                metrics=None,
+                outputs=[SimpleNamespace(index=0, text=text, token_ids=[10 + step],
+                                         logprobs=None, stop_reason=None,
+                                         finish_reason="stop" if last else None)])
+
+    async def collect() -> list[Any]:
+        out = []
+        async for line in serving.chat_completion_stream_generator(
+                request, engine(), "req-1", "qwen", [], object(), SimpleNamespace()):
+            assert line.startswith("data: ") and line.endswith("\n\n"), line
+            payload = line[len("data: "):].strip()
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+        return out
+
+    return asyncio.run(collect())
+
+
+def _usage(chunk: dict[str, Any]) -> int | None:
+    usage = chunk.get("usage")
+    return None if usage is None else int(usage["completion_tokens"])
 
 
 def _check(tree: Path) -> None:
-    skips = _skip_condition(tree)
-    running = SimpleNamespace(finish_reason=None)
-    plain = SimpleNamespace(return_token_ids=False)
-    # Buffered delta, continuous usage on: a chunk must go out (with the usage).
-    for hide in (False, True):
-        assert not skips(output=running, logprobs=None, request=plain,
-                         hide_stream_metadata=hide, include_continuous_usage=True), hide
-    # Continuous usage off: the buffered step is still skipped, as before.
-    assert skips(output=running, logprobs=None, request=plain, hide_stream_metadata=False,
-                 include_continuous_usage=False)
-    # The existing reasons to send a chunk are unchanged.
-    for finish, lp, tok, usage in itertools.product((None, "stop"), (None, [1]),
-                                                    (False, True), (False, True)):
-        sent = finish is not None or lp is not None or tok or usage
-        assert skips(output=SimpleNamespace(finish_reason=finish), logprobs=lp,
-                     request=SimpleNamespace(return_token_ids=tok),
-                     hide_stream_metadata=False, include_continuous_usage=usage) != sent
+    chunks = _stream(tree, continuous=True)
+    assert chunks[-1] == "[DONE]"
+    body = [c for c in chunks[:-1] if c.get("choices")]
+    # The role chunk, then one chunk per engine step: the two buffered steps
+    # included, each with the usage of the tokens generated so far.
+    assert [_usage(c) for c in body] == [0, 1, 2, 3, 4], body
+    buffered = body[1:3]
+    for chunk in buffered:
+        assert chunk["choices"][0]["finish_reason"] is None
+        assert chunk["usage"]["prompt_tokens"] == len(PROMPT)
+    assert body[3]["choices"][0]["delta"]["content"] == "<tool_call>{}"
+    assert chunks[-2]["usage"]["completion_tokens"] == 4  # the final usage chunk
+
+
+def _check_plain_usage_unchanged(tree: Path) -> None:
+    # Without continuous usage the buffered steps send nothing, as before.
+    chunks = _stream(tree, continuous=False)
+    body = [c for c in chunks[:-1] if c.get("choices")]
+    assert len(body) == 3 and all("usage" not in c for c in body)
+    assert chunks[-2]["usage"]["completion_tokens"] == 4
+    assert len([c for c in _stream(tree, continuous=False, include_usage=False)
+                if c != "[DONE]"]) == 3
 
 
 def test_patched_buffered_steps_carry_usage(patched_vllm: Path) -> None:
     _check(patched_vllm)
+    _check_plain_usage_unchanged(patched_vllm)
 
 
 def test_pristine_drops_usage_while_buffering(pristine_vllm: Path) -> None:
+    _check_plain_usage_unchanged(pristine_vllm)
     assert_pristine_lacks(lambda: _check(pristine_vllm))

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from ._helpers import (
+    AutoStub,
     FakeClock,
     assert_pristine_lacks,
     exec_function,
@@ -87,9 +88,55 @@ def test_patched_logs_each_completed_step(patched_vllm: Path,
     _check(patched_vllm, caplog)
 
 
-def test_patched_core_builds_step_watch(patched_vllm: Path) -> None:
-    src = (patched_vllm / "v1/engine/core.py").read_text()
-    assert "self.step_watch = EngineStepWatch(engine_index)" in src
+class _HandshakeReached(Exception):
+    """Raised where EngineCoreProc.__init__ would start its ZMQ handshakes."""
+
+
+def _core_step_watch(tree: Path, engine_index: int) -> Any:
+    """Run EngineCoreProc.__init__ (vLLM's own, from core.py) up to its handshakes and
+    return the step watch it built."""
+    envs = make_module("vllm.envs", VLLM_ENGINE_STALL_SENTINEL_S=0.0,
+                       enable_envs_cache=lambda: None)
+    overrides: dict[str, Any] = {
+        "vllm.envs": envs,
+        "vllm.version": make_module("vllm.version", __version__="0.32.0"),
+    }
+    tracing = AutoStub("vllm.tracing")
+    tracing.__dict__["instrument"] = lambda **kw: (lambda f: f)
+    overrides["vllm.tracing"] = tracing
+    watch_file = tree / "v1/engine/step_watch.py"
+    if watch_file.exists():
+        overrides["vllm.v1.engine.step_watch"] = load_with_auto_stubs(watch_file,
+                                                                      {"vllm.envs": envs})
+    core = load_with_auto_stubs(tree / "v1/engine/core.py", overrides,
+                                prefixes=("vllm", "msgspec", "zmq"))
+
+    class Proc(core.EngineCoreProc):  # type: ignore[name-defined,misc]
+        def _perform_handshakes(self, *args: Any) -> Any:
+            raise _HandshakeReached
+
+    proc = Proc.__new__(Proc)
+    init: Any = Proc.__init__
+    with pytest.raises(_HandshakeReached):
+        init(proc, SimpleNamespace(), True, "ipc://h", object, False,
+             engine_index=engine_index)
+    return getattr(proc, "step_watch", None)
+
+
+def test_patched_core_builds_step_watch(patched_vllm: Path,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    watch = _core_step_watch(patched_vllm, engine_index=3)
+    assert watch is not None and watch.engine_index == 3
+    # The watch the core built is the one that logs its steps.
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG):
+        watch.step_started(2)
+        watch.step_completed(True, 2)
+    assert len(_step_lines(caplog)) == 1
+
+
+def test_pristine_core_has_no_step_watch(pristine_vllm: Path) -> None:
+    assert _core_step_watch(pristine_vllm, engine_index=3) is None
 
 
 def test_pristine_lacks_step_log(pristine_vllm: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -1,6 +1,11 @@
 """kv-cache-seat-budget: one INFO line after "GPU KV cache size" with the requests resident
 at ~1k, 32k and max_model_len tokens, from each device group's admission cost at that
-length and the pool's usable blocks."""
+length and the pool's usable blocks.
+
+vLLM's own update_kv_cache_capacity (kv_cache_utils.py) runs over real KV cache spec
+classes (FullAttentionSpec, SlidingWindowSpec, KVCacheGroupSpec, KVCacheConfig from
+kv_cache_interface.py, on CPU torch). The config is a stand-in whose max_model_len
+refuses to be written."""
 
 from __future__ import annotations
 
@@ -11,94 +16,104 @@ from typing import Any
 
 import pytest
 
-from ._helpers import assert_pristine_lacks, exec_function
+from ._helpers import (
+    assert_pristine_lacks,
+    load_kv_cache_interface,
+    load_module,
+    load_with_auto_stubs,
+    make_module,
+)
 
 pytestmark = pytest.mark.e2e
+torch = pytest.importorskip("torch")
 
-BLOCK = 16
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-class FullSpec:
-    page_size_bytes = 2
-
-    def max_memory_usage_bytes(self, vc: Any) -> int:
-        return cdiv(vc.model_config.max_model_len, BLOCK) * self.page_size_bytes
-
-
-class SlidingSpec(FullSpec):
-    window = 4096
-
-    def max_memory_usage_bytes(self, vc: Any) -> int:
-        tokens = min(vc.model_config.max_model_len, self.window)
-        return cdiv(tokens, BLOCK) * self.page_size_bytes
-
-
-class HostSpec(FullSpec):
-    def max_memory_usage_bytes(self, vc: Any) -> int:  # never counted: host pool
-        return 10**12
+LOGGER = "test.kv_seats"
+MAX_IN_FLIGHT = 8192
 
 
 class _Logger(logging.LoggerAdapter):  # type: ignore[type-arg]
-    def info_once(self, msg: str, *args: Any) -> None:
+    def info_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
         self.info(msg, *args)
 
+    def warning_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        self.warning(msg, *args)
 
-def _setup(tree: Path, max_model_len: int) -> tuple[Any, Any, Any]:
-    path = tree / "v1/core/kv_cache_utils.py"
-    ns: dict[str, Any] = {
-        "cdiv": cdiv, "VllmConfig": object, "KVCacheConfig": object,
-        "logger": _Logger(logging.getLogger("test.kv_seats"), {}),
-    }
-    for name in ("get_max_concurrency_for_kv_cache_config", "get_kv_cache_capacity",
-                 "_kv_cache_device_name"):
-        ns[name] = exec_function(path, name, ns)
-    src = path.read_text()
-    if "KV_CACHE_SEAT_LENGTHS = " in src:  # the patch's module constant
-        exec(src[src.index("KV_CACHE_SEAT_LENGTHS = "):].split("\n", 1)[0], ns)
-        ns["get_kv_cache_seat_budget"] = exec_function(path, "get_kv_cache_seat_budget", ns)
-    update = exec_function(path, "update_kv_cache_capacity", ns)
+    def debug_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        self.debug(msg, *args)
+
+
+class _ModelConfig:
+    """max_model_len can be read, never written (not even and restored)."""
+
+    def __init__(self, max_model_len: int) -> None:
+        self.__dict__["_len"] = max_model_len
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.__dict__["_len"])
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AssertionError(f"model_config.{name} was written ({value!r})")
+
+
+def _utils(tree: Path, kvi: Any) -> Any:
+    logger = _Logger(logging.getLogger(LOGGER), {})
+    return load_with_auto_stubs(tree / "v1/core/kv_cache_utils.py", {
+        "vllm.logger": make_module("vllm.logger", init_logger=lambda name: logger),
+        "vllm.utils.math_utils": load_module(tree / "utils/math_utils.py"),
+        "vllm.v1.kv_cache_interface": kvi,
+    })
+
+
+def _setup(tree: Path, max_model_len: int, num_blocks: int) -> tuple[Any, Any, Any]:
+    kvi = load_kv_cache_interface(tree)
+    utils = _utils(tree, kvi)
+    common = {"block_size": 16, "num_kv_heads": 8, "head_size": 128,
+              "dtype": torch.bfloat16}
+    full = kvi.FullAttentionSpec(**common)
+    window = kvi.SlidingWindowSpec(sliding_window=4096, **common)
+    kvc = kvi.KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[kvi.KVCacheGroupSpec([f"full.{i}" for i in range(8)], full),
+                         kvi.KVCacheGroupSpec([f"sw.{i}" for i in range(8)], window)])
     vc = SimpleNamespace(
-        model_config=SimpleNamespace(max_model_len=max_model_len),
+        model_config=_ModelConfig(max_model_len),
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+        max_in_flight_tokens=MAX_IN_FLIGHT,
         cache_config=SimpleNamespace(),
         device_config=SimpleNamespace(device_type="cuda"),
         attention_config=SimpleNamespace(hisparse_config=None),
     )
-    groups = [
-        SimpleNamespace(kv_cache_spec=FullSpec(), host_resident=False),
-        SimpleNamespace(kv_cache_spec=SlidingSpec(), host_resident=False),
-        SimpleNamespace(kv_cache_spec=HostSpec(), host_resident=True),
-    ]
-    kvc = SimpleNamespace(num_blocks=10_001, kv_cache_groups=groups,
-                          hisparse_host_num_blocks=10**9)
-    return update, vc, kvc
+    return utils.update_kv_cache_capacity, vc, kvc
+
+
+def _lines(update: Any, vc: Any, kvc: Any, caplog: pytest.LogCaptureFixture) -> list[str]:
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        update(vc, kvc)
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER]
 
 
 def _check(tree: Path, caplog: pytest.LogCaptureFixture) -> None:
-    update, vc, kvc = _setup(tree, 65536)
-    caplog.clear()
-    with caplog.at_level(logging.INFO):
-        update(vc, kvc)
-    msgs = [r.getMessage() for r in caplog.records if r.name == "test.kv_seats"]
+    update, vc, kvc = _setup(tree, 65536, num_blocks=20_001)
+    msgs = _lines(update, vc, kvc, caplog)
+    # vLLM's own capacity line over these specs: a 65,536-token request takes 4,096
+    # full-attention blocks plus cdiv(4095 + 8192, 16) + 1 = 769 window blocks.
+    assert msgs[0] == ("GPU KV cache size: 269,431 tokens, Maximum concurrency for "
+                       "65,536 tokens per request: 4.11x"), msgs[0]
+    assert vc.cache_config.kv_cache_size_tokens == 269_431
     assert len(msgs) == 2, msgs
-    assert msgs[0].startswith("GPU KV cache size")
-    seat = msgs[1]
-    # 10,000 usable blocks. 1,024 tokens: 64 full + 64 window blocks -> 78 requests.
-    # 32,768: 2,048 + 256 -> 4. 65,536 (max_model_len): 4,096 + 256 -> 2.
-    assert "78 at 1,024 tokens" in seat, seat
-    assert "4 at 32,768 tokens" in seat, seat
-    assert "2 at 65,536 tokens" in seat, seat
-    assert vc.model_config.max_model_len == 65536, "max_model_len not restored"
+    # 20,000 usable blocks (the null block is reserved). 1,024 tokens: 64 + 65 blocks;
+    # 32,768: 2,048 + 769; 65,536: 4,096 + 769.
+    assert msgs[1] == ("GPU KV cache seats (requests resident at once): "
+                       "155 at 1,024 tokens, 7 at 32,768 tokens, 4 at 65,536 tokens"), msgs[1]
+    assert vc.model_config.max_model_len == 65536
     # A short max_model_len: lengths above it are not reported.
-    update, vc, kvc = _setup(tree, 8192)
-    caplog.clear()
-    with caplog.at_level(logging.INFO):
-        update(vc, kvc)
-    seat = [r.getMessage() for r in caplog.records if r.name == "test.kv_seats"][1]
-    assert "32,768" not in seat and "at 8,192 tokens" in seat, seat
+    update, vc, kvc = _setup(tree, 8192, num_blocks=2_001)
+    seat = _lines(update, vc, kvc, caplog)[1]
+    # 1,024: 64 + 65 = 129 blocks; 8,192: 512 + cdiv(min(12287, 8192), 16) + 1 = 1,025.
+    assert seat.endswith("15 at 1,024 tokens, 1 at 8,192 tokens"), seat
 
 
 def test_patched_logs_seat_budget(patched_vllm: Path, caplog: pytest.LogCaptureFixture) -> None:

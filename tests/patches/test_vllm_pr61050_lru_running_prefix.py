@@ -23,6 +23,9 @@ class ReqContext:
     req_id: str
     _state: dict[type, Any] = field(default_factory=dict)
     _positions: dict[Any, int] = field(default_factory=dict)
+    # Position look-ups allowed before the test calls the work superlinear.
+    lookup_budget: int | None = None
+    lookups: int = 0
 
     def set_state(self, val: Any) -> None:
         self._state[type(val)] = val
@@ -34,6 +37,9 @@ class ReqContext:
         self._positions[key] = end_token
 
     def get_offload_key_position(self, key: Any) -> int | None:
+        self.lookups += 1
+        if self.lookup_budget is not None and self.lookups > self.lookup_budget:
+            raise AssertionError(f"more than {self.lookup_budget} position look-ups")
         return self._positions.get(key)
 
 
@@ -110,6 +116,35 @@ def _check_finished_unchanged(tree: Path) -> None:
     _store(m, a, ["a0", "a1", "a2"])
     m.on_request_finished(a)
     assert _store(m, ReqContext("b"), ["b0"]) == ["a2"]
+
+
+LONG = 10_000
+
+
+def _check_long_request_linear(tree: Path) -> None:
+    """A 10,000-block request stored one block per store (a long prefill): the work
+    per store is the new keys only, and the tier gives up its tail block by block."""
+    m = _manager(tree, num_chunks=LONG)
+    # Each store may look up its own keys' positions a small constant number of times;
+    # re-ranking the whole request on each store needs ~LONG**2 / 2 look-ups.
+    a = ReqContext("a", lookup_budget=4 * LONG)
+    for i in range(LONG):
+        assert _store(m, a, [f"a{i}"]) == []
+    b = ReqContext("b")
+    evicted = [key for j in range(300) for key in _store(m, b, [f"b{j}"])]
+    assert evicted == [f"a{i}" for i in range(LONG - 1, LONG - 301, -1)]
+    assert m.lookup("a0", a).name == "HIT"
+    # Stores that arrive out of order (SWA backfill) are ranked by position.
+    m = _manager(tree, num_chunks=6)
+    c = ReqContext("c")
+    _store(m, c, ["a3", "a4", "a5"])
+    _store(m, c, ["a0", "a1", "a2"])
+    d = ReqContext("d")
+    assert [k for j in range(3) for k in _store(m, d, [f"b{j}"])] == ["a5", "a4", "a3"]
+
+
+def test_patched_long_request_tail_first_in_linear_work(patched_vllm: Path) -> None:
+    _check_long_request_linear(patched_vllm)
 
 
 def test_patched_running_request_loses_tail_first(patched_vllm: Path) -> None:
