@@ -10,6 +10,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+import sysconfig
 from pathlib import Path
 
 import nox
@@ -106,6 +107,21 @@ def has_gpu_stack(python: str) -> bool:
         return False
 
 
+def inherit_site_packages(python: str) -> None:
+    """Let the session venv see the site-packages of the interpreter running nox.
+
+    ``--system-site-packages`` reaches the base Python's; when nox itself runs in a venv
+    (a GPU image that installs torch into one), that venv's packages are added by a
+    ``.pth`` file. Only read by this venv; nothing of the interpreter's is changed.
+    """
+    own = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    # an "import" line of a .pth runs: addsitedir also reads the outer venv's own .pth files
+    lines = [f"import site; site.addsitedir({p!r})\n" for p in sorted(own)]
+    Path(site, "_qwen38build_outer_site.pth").write_text("".join(lines))
+
+
 # The session venv sees the interpreter's own site-packages: a GPU machine's torch and CuPy
 # (built for its driver) are used as they are, never shadowed by a second copy.
 @nox.session(python=PYTHON, venv_params=["--system-site-packages"])
@@ -120,11 +136,13 @@ def gpu_tests(session: nox.Session) -> None:
         session.skip("no NVIDIA GPU here (nvidia-smi reports none): the GPU tests need one")
     _tool(session)
     python = str(Path(session.bin) / "python")
+    if not has_gpu_stack(python):
+        inherit_site_packages(python)
     if has_gpu_stack(python):
-        session.log("torch and CuPy: the interpreter's own (system site-packages)")
+        session.log("torch and CuPy: the interpreter's own (its site-packages)")
     else:
         session.log("torch and CuPy are missing: installing the locked environment")
-        session.run("qwen38build", "env", "--into", session.virtualenv.location)
+        session.run("uv", "pip", "install", "--python", python, "-r", "lock/pylock.toml")
     out = session.run("qwen38build", "kernels", "--arch", arch, "--json", "-q", silent=True)
     wheel = json.loads(str(out))["wheel"]
     session.run("python", "-m", "pip", "install", "-q", "--no-deps", "--no-index",

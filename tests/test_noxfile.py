@@ -81,3 +81,21 @@ def test_gpu_session_skips_with_its_reason_where_there_is_no_gpu(tmp_path: Path)
                           cwd=REPO, env=env, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "no NVIDIA GPU here" in proc.stderr
+
+
+def test_a_venv_made_from_a_venv_sees_the_outer_venvs_packages(
+    noxfile: ModuleType, tmp_path: Path
+) -> None:
+    """nox under a venv's Python (a GPU image's torch venv): the session venv's
+    --system-site-packages reaches the base Python only; the .pth adds the outer venv's."""
+    inner = tmp_path / "session"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
+                    str(inner)], check=True)
+    py = str(inner / "bin" / "python")
+    # qwen38build is installed in the venv running these tests, not in its base Python
+    probe = [py, "-I", "-c", "import qwen38build"]
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the tests run on a base interpreter: nothing to inherit")
+    assert subprocess.run(probe, capture_output=True, check=False, cwd=tmp_path).returncode != 0
+    noxfile.inherit_site_packages(py)
+    assert subprocess.run(probe, capture_output=True, check=False, cwd=tmp_path).returncode == 0
