@@ -169,6 +169,9 @@ def _only(args: argparse.Namespace) -> list[str] | None:
     if not getattr(args, "only", None):
         return None
     names = [n.strip() for arg in args.only for n in arg.split(",") if n.strip()]
+    if not names:
+        raise UsageError("command line: --only names no output.",
+                         hint="give vllm, pthfa or pylock (repeat --only, or separate by commas)")
     return list(dict.fromkeys(names))
 
 

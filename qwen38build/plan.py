@@ -113,8 +113,8 @@ def make_plan(
             from qwen38build.errors import UsageError
             from qwen38build.recipe import OUTPUTS
 
-            raise UsageError(f"{name!r} is not an output of the stack; name one of "
-                             f"{', '.join(OUTPUTS)}.")
+            raise UsageError(f"command line: --only {name!r} is not an output of the stack.",
+                             hint=f"name one of {', '.join(OUTPUTS)}")
     targets.update(parts)
     top = next(iter(parts.values())) if len(parts) == 1 else Step(
         kind="stack", implementation=kind_version("stack"),

@@ -64,6 +64,11 @@ def push(store: Store, url: str, digests: list[str], key: SecretKey, *, timeout:
             raise StoreError(f"step {digest[:12]} of the closure is not in the store {store.root}"
                              " (or changed since written); nothing of it was pushed.",
                              hint="build it again, then push")
+        if any("link" in rec for rec in entry.outputs.values()):
+            # A stack holds only links to its parts' entries, each pushed on its own: a
+            # machine that substitutes the parts makes the links itself in milliseconds.
+            reporter.line(f"not pushed: {digest[:12]} holds links only (a stack)")
+            continue
         if cachehttp.exists(cachehttp.join(url, f"{digest}.json"), timeout) is not None:
             result.present.append(digest)
             continue

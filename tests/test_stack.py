@@ -1,0 +1,119 @@
+"""One build for the whole stack: every output in one directory, each part under its own
+digest, the links checked like any output.
+
+The project is the engine's, with pthfa sources and the stand-in toolchain its lock pins,
+building two outputs (the patched wheel and the pthfa wheel); the environment lock's own
+tests live in test_envlock.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from qwen38build.cli import main
+from qwen38build.store import Store
+from tests.conftest import Project
+from tests.test_toolchain import KERNEL
+
+
+@pytest.fixture
+def stack(project: Project) -> Project:
+    csrc = project.root / "pthfa" / "csrc"
+    csrc.mkdir(parents=True)
+    (csrc / "tiny.cu").write_text(KERNEL)
+    pkg = project.root / "pthfa" / "python" / "pthfa"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text('"""tiny"""\n')
+    # the vendored files' provenance, as pthfa/manifest.py writes it
+    (project.root / "pthfa" / "MANIFEST").write_text("".join(
+        f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.relative_to(project.root / 'pthfa')}\n"
+        for f in (csrc / "tiny.cu", pkg / "__init__.py")))
+    recipe = project.root / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace('outputs = ["vllm"]',
+                                                 'outputs = ["vllm", "pthfa"]'))
+    return project
+
+
+def _build(p: Project, capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+    assert p.run("build", "--json", "-q", *argv) == 0
+    out: dict[str, object] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def test_result_holds_every_output_each_in_its_own_entry(
+    stack: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = _build(stack, capsys)
+    outputs = out["outputs"]
+    assert isinstance(outputs, dict) and set(outputs) == {"wheel", "pthfa"}
+    result = stack.root / "result"
+    assert os.readlink(result).endswith(str(out["build"]))
+    names = sorted(os.listdir(result))
+    assert names == sorted([Path(outputs["wheel"]).name, "manifest.json",
+                            Path(outputs["pthfa"]).name])
+    for label in ("wheel", "pthfa"):
+        part = Path(outputs[label])
+        assert part.parent.name != out["build"]  # the part keeps its own entry and digest
+        assert (result / part.name).read_bytes() == part.read_bytes()
+    with zipfile.ZipFile(result / Path(outputs["pthfa"]).name) as z:
+        assert any(n.endswith(".cubin") for n in z.namelist())
+    assert main(["--store", str(stack.store), "store", "verify"]) == 0
+
+
+def test_only_narrows_the_build_to_one_part(
+    stack: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    whole = _build(stack, capsys)
+    vllm = _build(stack, capsys, "--only", "vllm")
+    assert vllm["build"] != whole["build"]
+    assert Path(str(vllm["wheel"])).parent.name == vllm["build"]  # the wheel step is the top
+    assert os.readlink(stack.root / "result").endswith(str(vllm["build"]))
+    assert stack.run("build", "--only", "banana") == 2
+    assert "--only 'banana' is not an output of the stack" in capsys.readouterr().err
+    assert stack.run("build", "--only", ",") == 2
+    assert "--only names no output" in capsys.readouterr().err
+
+
+def test_a_redirected_link_is_noticed_and_the_stack_made_again(
+    stack: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = _build(stack, capsys)
+    entry = stack.store / "objects" / str(out["build"])
+    link = entry / "manifest.json"
+    os.chmod(entry, 0o755)
+    link.unlink()
+    link.symlink_to("/etc/hostname")
+    assert main(["--store", str(stack.store), "store", "verify"]) == 1
+    assert "manifest.json" in capsys.readouterr().out
+    again = _build(stack, capsys, "--rebuild")
+    assert again["build"] == out["build"]
+    assert os.readlink(entry / "manifest.json").startswith("../")
+    assert main(["--store", str(stack.store), "store", "verify"]) == 0
+
+
+def test_gc_keeps_every_part_the_stack_links_to(
+    stack: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = _build(stack, capsys)
+    assert main(["--store", str(stack.store), "gc"]) == 0
+    result = stack.root / "result"
+    for name in os.listdir(result):
+        assert (result / name).is_file(), name  # every link still resolves
+    assert Store(stack.store).get(str(out["build"])) is not None
+
+
+def test_verify_follows_result_through_the_stack(
+    stack: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = _build(stack, capsys)
+    site = tmp_path / "site"
+    with zipfile.ZipFile(str(out["wheel"])) as z:
+        z.extractall(site)
+    assert stack.run("verify", str(site)) == 0
+    assert "holds exactly build" in capsys.readouterr().out
