@@ -47,7 +47,7 @@ def _build() -> dict[str, str]:
     """Build the project's recipe with the engine (a store hit after the first run)."""
     proc = subprocess.run(
         [sys.executable, "-m", "qwen38build", "--recipe", str(REPO / "recipe.toml"), "build",
-         "--json", "--no-link", "-q"],
+         "--only", "vllm", "--json", "--no-link", "-q"],
         capture_output=True, text=True, cwd=REPO, check=False,
     )
     if proc.returncode != 0:
