@@ -269,3 +269,20 @@ def add_to_lock(root: Path, wheels: list[Path]) -> None:
             size=w.stat().st_size,
         )
     lockmod.write(root, list(locked.values()))
+
+
+KERNEL = 'extern "C" __global__ void add_one(float* x) { x[threadIdx.x] += 1.0f; }\n'
+
+
+def add_pthfa_sources(root: Path) -> None:
+    """One tiny kernel and the pthfa package under ``root/pthfa``, listed in its MANIFEST
+    (as pthfa/manifest.py writes it), so the project's kernels plan and lint clean."""
+    pthfa = root / "pthfa"
+    files = {pthfa / "csrc" / "tiny.cu": KERNEL,
+             pthfa / "python" / "pthfa" / "__init__.py": '"""tiny"""\n'}
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (pthfa / "MANIFEST").write_text("".join(
+        f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(pthfa).as_posix()}\n"
+        for p in sorted(files)))

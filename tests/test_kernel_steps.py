@@ -13,20 +13,15 @@ import zipfile
 import pytest
 
 from tests.conftest import Project
+from tests.engine_fixtures import KERNEL, add_pthfa_sources
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
-KERNEL = 'extern "C" __global__ void add_one(float* x) { x[threadIdx.x] += 1.0f; }\n'
 
 
 @pytest.fixture
 def kproject(project: Project) -> Project:
-    csrc = project.root / "pthfa" / "csrc"
-    csrc.mkdir(parents=True)
-    (csrc / "tiny.cu").write_text(KERNEL)
-    pkg = project.root / "pthfa" / "python" / "pthfa"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text('"""tiny"""\n')
+    add_pthfa_sources(project.root)
     return project
 
 

@@ -8,7 +8,6 @@ tests live in test_envlock.py.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import zipfile
@@ -19,21 +18,12 @@ import pytest
 from qwen38build.cli import main
 from qwen38build.store import Store
 from tests.conftest import Project
-from tests.test_toolchain import KERNEL
+from tests.engine_fixtures import add_pthfa_sources
 
 
 @pytest.fixture
 def stack(project: Project) -> Project:
-    csrc = project.root / "pthfa" / "csrc"
-    csrc.mkdir(parents=True)
-    (csrc / "tiny.cu").write_text(KERNEL)
-    pkg = project.root / "pthfa" / "python" / "pthfa"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text('"""tiny"""\n')
-    # the vendored files' provenance, as pthfa/manifest.py writes it
-    (project.root / "pthfa" / "MANIFEST").write_text("".join(
-        f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.relative_to(project.root / 'pthfa')}\n"
-        for f in (csrc / "tiny.cu", pkg / "__init__.py")))
+    add_pthfa_sources(project.root)
     recipe = project.root / "recipe.toml"
     recipe.write_text(recipe.read_text().replace('outputs = ["vllm"]',
                                                  'outputs = ["vllm", "pthfa"]'))

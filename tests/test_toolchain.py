@@ -34,23 +34,18 @@ from tests.engine_fixtures import (
     FAKE_NVCC,
     PLATFORM,
     VERSION_TEXT,
+    add_pthfa_sources,
     add_to_lock,
     modal_wheel,
     sha256,
 )
 
 REPO = Path(__file__).resolve().parents[1]
-KERNEL = 'extern "C" __global__ void add_one(float* x) { x[threadIdx.x] += 1.0f; }\n'
 @pytest.fixture
 def tproject(project: Project, monkeypatch: pytest.MonkeyPatch) -> Project:
     """The engine's project plus pthfa sources and a stand-in toolchain pinned in its lock;
     no nvcc anywhere on PATH."""
-    csrc = project.root / "pthfa" / "csrc"
-    csrc.mkdir(parents=True)
-    (csrc / "tiny.cu").write_text(KERNEL)
-    pkg = project.root / "pthfa" / "python" / "pthfa"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text('"""tiny"""\n')
+    add_pthfa_sources(project.root)
     monkeypatch.setenv("PATH", BASE_PATH)
     monkeypatch.delenv("QWEN38BUILD_NVCC", raising=False)
     return project
