@@ -40,10 +40,8 @@ def built_wheels(loaded: LoadedRecipe, store: Store) -> list[Path]:
 
     A wheel that is not built is a usage error telling which command builds it.
     """
-    from qwen38build.plan import make_plan
-
-    plan = make_plan(loaded, lockmod.read(loaded.root))
-    vllm = _entry(store, plan.build_hash, "the patched vLLM wheel", "qwen38build build")
+    vllm = _entry(store, _part(loaded, "vllm").digest, "the patched vLLM wheel",
+                  "qwen38build build")
     try:
         pthfa_digest = pthfa_step(loaded).digest
     except Qwen38BuildError as exc:
@@ -53,11 +51,19 @@ def built_wheels(loaded: LoadedRecipe, store: Store) -> list[Path]:
     return [_checked(vllm), _checked(pthfa)]
 
 
+def _part(loaded: LoadedRecipe, name: str) -> Step:
+    """The top step of one output of the stack, as ``build`` plans it."""
+    from qwen38build.kernels import system_nvcc_requested
+    from qwen38build.plan import make_plan
+
+    plan = make_plan(loaded, lockmod.read(loaded.root), only=[name],
+                     system_nvcc=system_nvcc_requested(False))
+    return plan.targets[name]
+
+
 def pthfa_step(loaded: LoadedRecipe) -> Step:
     """The step whose output is the recipe's pthfa wheel (every arch of the recipe)."""
-    from qwen38build.plan import kernel_steps
-
-    return kernel_steps(loaded)[-1]
+    return _part(loaded, "pthfa")
 
 
 def _entry(store: Store, digest: str, what: str, command: str) -> Entry:
@@ -124,10 +130,9 @@ def site_packages(exe: Path) -> Path:
 
 def _verify(store: Store, loaded: LoadedRecipe, site: Path) -> None:
     """The installed vLLM holds exactly the build's bytes (the check ``verify`` makes)."""
-    from qwen38build.plan import make_plan
     from qwen38build.verify import read_manifest, verify_tree
 
-    build = make_plan(loaded, lockmod.read(loaded.root)).build_hash
+    build = _part(loaded, "vllm").digest
     problems = verify_tree(site, read_manifest(store.objects / build))
     if problems:
         raise CheckFailed(f"{site}: the installed vLLM differs from build {build[:12]}: "
