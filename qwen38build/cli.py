@@ -880,9 +880,19 @@ def _run(argv: list[str]) -> int:
     command = _command_of(argv)
     args = parser(command if command in COMMANDS else None).parse_args(argv)
     check_args(args)
-    if args.offline:  # for the whole run: a fetch step must not reach the index either
-        os.environ["QWEN38BUILD_OFFLINE"] = "1"
-    return int(args.func(args))
+    if not args.offline:
+        return int(args.func(args))
+    # For the whole command, a fetch step must not reach the index either; put back after,
+    # so an in-process caller (a test, a script) is not left offline.
+    before = os.environ.get("QWEN38BUILD_OFFLINE")
+    os.environ["QWEN38BUILD_OFFLINE"] = "1"
+    try:
+        return int(args.func(args))
+    finally:
+        if before is None:
+            del os.environ["QWEN38BUILD_OFFLINE"]
+        else:
+            os.environ["QWEN38BUILD_OFFLINE"] = before
 
 
 def _fail(exc: Qwen38BuildError, argv: list[str]) -> int:

@@ -45,7 +45,9 @@ class Collector:
 
     def saw_file(self, path: object) -> None:
         rel = self._rel(path)
-        if rel is not None:
+        if rel is not None and os.path.isdir(os.path.join(self.root, rel)):
+            self.dirs.add(rel)  # a folder opened by descriptor: its listing is what counts
+        elif rel is not None:
             self.files.add(rel)
             parent = os.path.dirname(rel)
             if parent:  # the project root's listing changes with every tool run (result)
@@ -86,7 +88,8 @@ def _hook(event: str, args: tuple[object, ...]) -> None:
     if event == "open":
         path, mode, flags = args[0], args[1], args[2]
         reads = ("r" in mode or "+" in mode) if isinstance(mode, str) else (
-            isinstance(flags, int) and flags & os.O_ACCMODE != os.O_WRONLY)
+            isinstance(flags, int) and flags & os.O_ACCMODE != os.O_WRONLY
+            and not flags & os.O_DIRECTORY)  # a folder opened to fsync it is not read
         if reads:
             for c in _ACTIVE:
                 c.saw_file(path)
