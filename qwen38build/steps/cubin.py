@@ -8,6 +8,8 @@ user asked, that choice and the full ``nvcc --version`` text the plan saw.
 
 from __future__ import annotations
 
+import shutil
+
 from qwen38build.errors import KernelBuildError
 from qwen38build.executor import Context
 from qwen38build.kernels import Nvcc, compile_arch, nvcc_version
@@ -32,6 +34,16 @@ def run(ctx: Context) -> None:
             )
     else:
         raise KernelBuildError(f"cubin step {ctx.step.name}: unknown compiler {p['nvcc']!r}.")
-    sources = [ctx.input_path(name) for name, _ in ctx.step.inputs]
+    # Laid out under their own names (a store keeps inputs by sha256 alone, as reproduce
+    # finds them), so the .cu files compile and their #includes resolve side by side.
+    src = ctx.scratch / "csrc"
+    src.mkdir()
+    sources = []
+    for name, _ in ctx.step.inputs:
+        if "/" in name or name.startswith(".") or not name:
+            raise KernelBuildError(f"cubin step {ctx.step.name}: input name {name!r} is not "
+                                   "a plain file name.")
+        shutil.copyfile(ctx.input_path(name), src / name)
+        sources.append(src / name)
     ctx.report(f"nvcc for sm_{str(p['arch']).replace('.', '')}")
     compile_arch(sources, str(p["arch"]), ctx.out, nvcc=nvcc, ptx=bool(p["ptx"]))
