@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qwen38build.digest import sha256_file
 from qwen38build.errors import Qwen38BuildError
 from qwen38build.executor import kind_version, realise
 from qwen38build.record import read_build, steps_from_record
 from qwen38build.report import Reporter
-from qwen38build.store import Store, remove_tree
+from qwen38build.store import Store, output_sha256, remove_tree
 
 
 @dataclass
@@ -94,8 +93,8 @@ def reproduce(store: Store, build_hash: str, reporter: Reporter, *, keep: bool =
             # back on the record for entries gc has removed.
             held = store.objects / s.digest
             if held.is_dir():
-                rec = {p.relative_to(held).as_posix(): sha256_file(p)
-                       for p in sorted(held.rglob("*")) if p.is_file()}
+                rec = {p.relative_to(held).as_posix(): output_sha256(p)
+                       for p in sorted(held.rglob("*")) if p.is_file() or p.is_symlink()}
             entry = fresh.lookup(s.digest)
             assert entry is not None
             got = {k: v["sha256"] for k, v in entry.outputs.items()}

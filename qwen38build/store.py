@@ -104,6 +104,16 @@ def is_link_target(target: str) -> bool:
             and parts[2] not in ("", ".", "..") and "\0" not in parts[2])
 
 
+def link_sha256(target: str) -> str:
+    """What a link output's record holds as its sha256: the hash of what it points at."""
+    return sha256_bytes(f"link\0{target}".encode())
+
+
+def output_sha256(path: Path) -> str:
+    """An output's sha256 as its record holds it (a link by its target, a file by bytes)."""
+    return link_sha256(os.readlink(path)) if path.is_symlink() else sha256_file(path)
+
+
 def link_ok(output: dict[str, Any], path: str | Path) -> bool:
     """A link output still points where it was recorded to."""
     try:
@@ -529,8 +539,7 @@ def _seal(out: Path, known: dict[str, str]) -> dict[str, dict[str, Any]]:
     for rel, p in files.items():
         outputs[rel] = {"sha256": digests[rel], **stat_record(p.stat())}
     for rel, target in links.items():
-        outputs[rel] = {"link": target, "sha256": sha256_bytes(f"link\0{target}".encode()),
-                        "size": 0}
+        outputs[rel] = {"link": target, "sha256": link_sha256(target), "size": 0}
     for dirpath, _, _ in os.walk(out, topdown=False):
         _fsync_dir(Path(dirpath))
         os.chmod(dirpath, 0o555)

@@ -107,3 +107,9 @@ def test_verify_follows_result_through_the_stack(
         z.extractall(site)
     assert stack.run("verify", str(site)) == 0
     assert "holds exactly build" in capsys.readouterr().out
+
+
+def test_a_stack_build_reproduces(stack: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    out = _build(stack, capsys)
+    assert stack.run("reproduce", str(out["build"]), "-q") == 0, capsys.readouterr()
+    assert "reproduced" in capsys.readouterr().out
