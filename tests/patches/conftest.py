@@ -40,6 +40,8 @@ EXTRA_MEMBERS: list[str] = [
     "v1/kv_cache_interface.py",
     "v1/kv_cache_layout.py",
     "v1/kv_cache_spec_registry.py",
+    "v1/core/block_pool.py",
+    "v1/core/kv_cache_utils.py",
 ]
 
 
