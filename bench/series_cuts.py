@@ -15,7 +15,6 @@ pass through it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -31,11 +30,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.patches.conftest import (  # noqa: E402
-    EXTRA_MEMBERS,
     PATCHED_TREE_ENV,
     PATCHES_DIR,
     SERIES,
-    _build,
+    built_wheels,
 )
 
 
@@ -58,14 +56,7 @@ class Cut:
 
 def _pristine_tree(dest: Path) -> Path:
     """The vLLM files the series and the tests read, from the locked pristine wheel."""
-    built = _build()
-    wheel = Path(built["wheel"])
-    manifest = json.loads((wheel.parent / "manifest.json").read_text())
-    store = Path(built["store"])
-    record = json.loads((store / "builds" / f"{built['build']}.json").read_text())
-    fetch = next(s for s in record["steps"] if s["derivation"]["kind"] == "fetch")
-    pristine_wheel = next((store / "objects" / fetch["digest"]).glob("*.whl"))
-    members = set(EXTRA_MEMBERS) | set(manifest["owned"])
+    _, pristine_wheel, members = built_wheels()
     with zipfile.ZipFile(pristine_wheel) as zf:
         names = set(zf.namelist())
         for member in sorted(members):

@@ -68,9 +68,9 @@ def _extract(wheel: Path, members: set[str], dest: Path) -> Path:
     return dest / "vllm"
 
 
-@pytest.fixture(scope="session")
-def _vllm_trees(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The pristine files from the locked wheel, the patched ones from the built wheel."""
+def built_wheels() -> tuple[Path, Path, set[str]]:
+    """(patched wheel, pristine wheel, members the series and the tests read), from the
+    engine's build of the recipe (a store hit after the first run)."""
     built = _build()
     wheel = Path(built["wheel"])
     manifest = json.loads((wheel.parent / "manifest.json").read_text())
@@ -78,7 +78,13 @@ def _vllm_trees(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     record = json.loads((store / "builds" / f"{built['build']}.json").read_text())
     fetch = next(s for s in record["steps"] if s["derivation"]["kind"] == "fetch")
     pristine_wheel = next((store / "objects" / fetch["digest"]).glob("*.whl"))
-    members = set(EXTRA_MEMBERS) | set(manifest["owned"])
+    return wheel, pristine_wheel, set(EXTRA_MEMBERS) | set(manifest["owned"])
+
+
+@pytest.fixture(scope="session")
+def _vllm_trees(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The pristine files from the locked wheel, the patched ones from the built wheel."""
+    wheel, pristine_wheel, members = built_wheels()
     root = tmp_path_factory.mktemp("vllm-trees")
     return (_extract(pristine_wheel, members, root / "pristine"),
             _extract(wheel, members, root / "patched"))

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from ._helpers import (
+    OnceLogger,
     assert_pristine_lacks,
     load_kv_cache_interface,
     load_module,
@@ -29,17 +30,6 @@ torch = pytest.importorskip("torch")
 
 LOGGER = "test.kv_seats"
 MAX_IN_FLIGHT = 8192
-
-
-class _Logger(logging.LoggerAdapter):  # type: ignore[type-arg]
-    def info_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
-        self.info(msg, *args)
-
-    def warning_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
-        self.warning(msg, *args)
-
-    def debug_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
-        self.debug(msg, *args)
 
 
 class _ModelConfig:
@@ -57,7 +47,7 @@ class _ModelConfig:
 
 
 def _utils(tree: Path, kvi: Any) -> Any:
-    logger = _Logger(logging.getLogger(LOGGER), {})
+    logger = OnceLogger(logging.getLogger(LOGGER), {})
     return load_with_auto_stubs(tree / "v1/core/kv_cache_utils.py", {
         "vllm.logger": make_module("vllm.logger", init_logger=lambda name: logger),
         "vllm.utils.math_utils": load_module(tree / "utils/math_utils.py"),
