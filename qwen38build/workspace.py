@@ -96,10 +96,17 @@ def git_env(*, identity: bool = True) -> dict[str, str]:
 
 def git(repo: Path, *args: str, stdin: str | None = None, check: bool = True) -> str:
     """Run git in ``repo``; a failure is a Qwen38BuildError quoting git's own words."""
-    proc = subprocess.run(
-        ["git", *args], cwd=repo, input=stdin, capture_output=True, text=True,
-        env=git_env(), check=False,
-    )
+    try:
+        proc = subprocess.run(
+            ["git", *args], cwd=repo, input=stdin, capture_output=True, text=True,
+            env=git_env(), check=False,
+        )
+    except FileNotFoundError as exc:
+        if exc.filename != "git":
+            raise  # the repository folder itself: the caller's error boundary names it
+        raise Qwen38BuildError(
+            "git is not on PATH; the workspace is a git repository.",
+            hint="install git (Debian: apt-get install git)") from None
     if check and proc.returncode != 0:
         raise Qwen38BuildError(
             f"git {' '.join(args[:3])} failed in {repo}:\n{(proc.stderr or proc.stdout).strip()}"
