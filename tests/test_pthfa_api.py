@@ -14,7 +14,7 @@ from pthfa import _validate as V
 from pthfa import find_cubin
 
 
-@dataclass
+@dataclass(frozen=True)
 class Dev:
     type: str = "cuda"
     index: int | None = 0
@@ -154,3 +154,47 @@ def test_find_cubin(tmp_path: Path) -> None:
     assert find_cubin(8, 6, tmp_path).name == "sm_80.cubin"
     (tmp_path / "sm_90.cubin").write_bytes(b"x")
     assert find_cubin(9, 0, tmp_path).name == "sm_90.cubin"
+
+
+def test_full_validation_runs_once_per_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cached fast path: a repeat call skips the full check; a changed shape, dtype,
+    stride or device runs it again (and a bad one still raises)."""
+    from pthfa import _launch as L
+
+    monkeypatch.delenv("PTHFA_VALIDATE", raising=False)
+    calls: list[int] = []
+
+    def counting(*tensors: object) -> object:
+        calls.append(1)
+        return V.check_decode(*tensors)  # type: ignore[arg-type]
+
+    seen: dict[tuple[object, ...], object] = {}
+    args = dec()
+    order = ["query", "k_cache", "v_cache", "k_scale", "v_scale", "block_tables", "seq_lens"]
+
+    def run(**over: object) -> object:
+        a = {**args, **over}
+        return L._checked(seen, counting, *(a[k] for k in order), None)
+
+    first = run()
+    assert run() == first and len(calls) == 1  # the same signature: no second full check
+    run(query=T((S + 1, H, D)), block_tables=T((S + 1, 5), "torch.int32"),
+        seq_lens=T((S + 1,), "torch.int32"))
+    assert len(calls) == 2  # a new shape
+    with pytest.raises(ValueError, match="dtype"):
+        run(query=T((S, H, D), "torch.float32"))  # a new dtype: checked, and refused
+    with pytest.raises(ValueError, match="contiguous"):
+        run(block_tables=T((S, 5), "torch.int32", strides=(1, S)))  # new strides
+    run(**{k: T(v.shape, v.dtype, Dev(index=1)) for k, v in args.items()  # type: ignore[attr-defined]
+           if isinstance(v, T)})
+    assert len(calls) == 5  # another device: its own entry
+    monkeypatch.setenv("PTHFA_VALIDATE", "always")
+    run()
+    assert len(calls) == 6  # the debug switch checks every call
+
+
+def test_non_tensors_always_get_the_full_check() -> None:
+    from pthfa import _launch as L
+
+    with pytest.raises(TypeError):
+        L._checked({}, V.check_decode, *([object()] * 7), None)

@@ -89,17 +89,47 @@ def _cupy_stream(device: int, ptr: int) -> Any:
     return st
 
 
+# Per (device, kernel name): the RawKernel, and the largest dynamic shared memory set on it.
+_FUNCS: dict[tuple[int, str], list[Any]] = {}
+_RAW_STREAM: list[Any] = []
+
+
+def _stream_ptr(device: int) -> int:
+    """torch's current stream on ``device`` as a raw pointer, by the cheapest call there is."""
+    if not _RAW_STREAM:
+        import torch
+
+        fast = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _RAW_STREAM.append(fast or (lambda d: torch.cuda.current_stream(d).cuda_stream))
+    ptr: int = _RAW_STREAM[0](device)
+    return ptr
+
+
 def _launch(device: int, name: str, grid: tuple[int, ...], block: tuple[int, ...],
             args: tuple[Any, ...], shared_mem: int = 0) -> None:
-    import cupy
-    import torch
+    """Launch ``name`` on torch's current stream of ``device``.
 
-    fn = _module(device).get_function(name)
-    if shared_mem > V.SMEM_DEFAULT and fn.max_dynamic_shared_size_bytes < shared_mem:
-        fn.max_dynamic_shared_size_bytes = shared_mem
-    stream = torch.cuda.current_stream(device)
-    with cupy.cuda.Device(device), _cupy_stream(device, stream.cuda_stream):
-        fn(grid, block, args, shared_mem=shared_mem)
+    The kernel handle, its shared-memory attribute and the stream wrapper are cached, and the
+    launch goes to CuPy's Function with the stream as an argument: no context managers on
+    the hot path unless the current device is another one.
+    """
+    entry = _FUNCS.get((device, name))
+    if entry is None:
+        raw = _module(device).get_function(name)
+        entry = _FUNCS[(device, name)] = [raw, V.SMEM_DEFAULT]
+    raw = entry[0]
+    if shared_mem > entry[1]:
+        raw.max_dynamic_shared_size_bytes = max(raw.max_dynamic_shared_size_bytes, shared_mem)
+        entry[1] = shared_mem
+    stream = _cupy_stream(device, _stream_ptr(device))
+    import cupy
+
+    fn = getattr(raw, "kernel", None)  # CuPy's Function: it takes the stream as an argument
+    if fn is not None and cupy.cuda.runtime.getDevice() == device:
+        fn(grid, block, args, shared_mem, stream)
+        return
+    with cupy.cuda.Device(device), stream:
+        raw(grid, block, args, shared_mem=shared_mem)
 
 
 IMPLS = ("simt", "mma1", "cp3", "cp4")
@@ -116,6 +146,32 @@ def decode_impl(head_dim: int, part_size: int = 2048) -> str:
             raise ValueError(f"PTHFA_IMPL must be one of {IMPLS}, got {impl!r}")
         return impl
     return DEFAULT
+
+
+_PLANS: dict[tuple[Any, ...], tuple[str, int]] = {}
+_SMS: dict[int, int] = {}
+
+
+def _num_sms(device: int) -> int:
+    n = _SMS.get(device)
+    if n is None:
+        import torch
+
+        n = _SMS[device] = int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return n
+
+
+def cached_plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int,
+                gqa: int, head_dim: int, num_sms: int) -> tuple[str, int]:
+    """:func:`plan`, remembered per arguments (and the two knobs it reads)."""
+    key = (num_seqs, num_kv_heads, max_seq_len, block_size, gqa, head_dim, num_sms,
+           os.environ.get("PTHFA_IMPL", ""), os.environ.get("PTHFA_PART_SIZE", ""))
+    got = _PLANS.get(key)
+    if got is None:
+        got = plan(num_seqs, num_kv_heads, max_seq_len, block_size, gqa, head_dim, num_sms)
+        if len(_PLANS) < 4096:
+            _PLANS[key] = got
+    return got
 
 
 def plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int, gqa: int,
@@ -149,6 +205,27 @@ def plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int, gq
     return impl, part
 
 
+_DECODE_OK: dict[tuple[Any, ...], Any] = {}
+_QUANTIZE_OK: dict[tuple[Any, ...], Any] = {}
+
+
+def _checked(seen: dict[tuple[Any, ...], Any], check: Any, *tensors: Any) -> Any:
+    """``check(*tensors)``, the full validation, once per signature (every tensor's shape,
+    strides, dtype and device): a later call with the same signature passes what the full
+    check passed, in O(1) per tensor. ``PTHFA_VALIDATE=always`` checks every call."""
+    try:
+        key = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+                    for t in tensors)
+        got = seen.get(key)
+    except (AttributeError, TypeError):  # not tensors: the full check names what is wrong
+        return check(*tensors)
+    if got is None or os.environ.get("PTHFA_VALIDATE") == "always":
+        got = check(*tensors)
+        if len(seen) < 4096:
+            seen[key] = got
+    return got
+
+
 def _ptr(t: Any) -> Any:
     import numpy as np
 
@@ -165,7 +242,8 @@ def quantize_kv(key: Any, value: Any, k_cache: Any, v_cache: Any, k_scale: Any, 
     """
     import numpy as np
 
-    a = V.check_quantize(key, value, k_cache, v_cache, k_scale, v_scale, slot_mapping)
+    a = _checked(_QUANTIZE_OK, V.check_quantize, key, value, k_cache, v_cache, k_scale,
+                 v_scale, slot_mapping)
     if a.num_tokens == 0:
         return
     warps = 2 * a.num_tokens * a.num_kv_heads
@@ -191,7 +269,8 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
     import numpy as np
     import torch
 
-    a = V.check_decode(query, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, out)
+    a = _checked(_DECODE_OK, V.check_decode, query, k_cache, v_cache, k_scale, v_scale,
+                 block_tables, seq_lens, out)
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max().item()) if a.num_seqs else 0
     max_seq_len = V.check_max_seq_len(max_seq_len, a)
@@ -204,18 +283,18 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
     if a.num_seqs == 0 or a.num_heads == 0:
         return out
     if part_size is None:
-        sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-        impl, part_size = plan(a.num_seqs, a.num_kv_heads, max_seq_len, a.block_size, a.gqa,
-                               a.head_dim, sms)
+        impl, part_size = cached_plan(a.num_seqs, a.num_kv_heads, max_seq_len, a.block_size,
+                                      a.gqa, a.head_dim, _num_sms(a.device))
     else:
         V.check_part_size(part_size, a.block_size, a.gqa, a.head_dim)
         impl = decode_impl(a.head_dim, part_size)
     max_parts = max(1, math.ceil(max_seq_len / part_size))
-    dev = query.device
-    part_ml = torch.empty((a.num_seqs, a.num_heads, max_parts, 2), dtype=torch.float32,
-                          device=dev)
-    part_acc = torch.empty((a.num_seqs, a.num_heads, max_parts, a.head_dim),
-                           dtype=torch.float32, device=dev)
+    # One allocation for both partial buffers (the allocator's call is a cost per launch);
+    # the accumulators first, so both start 256-byte aligned (head_dim >= 64 floats a row).
+    rows = a.num_seqs * a.num_heads * max_parts
+    work = torch.empty(rows * (a.head_dim + 2), dtype=torch.float32, device=query.device)
+    part_acc = work[: rows * a.head_dim]
+    part_ml = work[rows * a.head_dim :]
     block_shift = a.block_size.bit_length() - 1
     if max_seq_len > 0:
         if impl == "simt":
