@@ -166,7 +166,7 @@ def test_full_validation_runs_once_per_signature(monkeypatch: pytest.MonkeyPatch
 
     def counting(*tensors: object) -> object:
         calls.append(1)
-        return V.check_decode(*tensors)  # type: ignore[arg-type]
+        return V.check_decode(*tensors)
 
     seen: dict[tuple[object, ...], object] = {}
     args = dec()
@@ -185,7 +185,7 @@ def test_full_validation_runs_once_per_signature(monkeypatch: pytest.MonkeyPatch
         run(query=T((S, H, D), "torch.float32"))  # a new dtype: checked, and refused
     with pytest.raises(ValueError, match="contiguous"):
         run(block_tables=T((S, 5), "torch.int32", strides=(1, S)))  # new strides
-    run(**{k: T(v.shape, v.dtype, Dev(index=1)) for k, v in args.items()  # type: ignore[attr-defined]
+    run(**{k: T(v.shape, v.dtype, Dev(index=1)) for k, v in args.items()
            if isinstance(v, T)})
     assert len(calls) == 5  # another device: its own entry
     monkeypatch.setenv("PTHFA_VALIDATE", "always")
