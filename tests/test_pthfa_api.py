@@ -198,3 +198,23 @@ def test_non_tensors_always_get_the_full_check() -> None:
 
     with pytest.raises(TypeError):
         L._checked({}, V.check_decode, *([object()] * 7), None)
+
+
+def test_the_driver_argument_block_holds_each_value_at_its_address() -> None:
+    """What cuLaunchKernel reads: an array of addresses, each of a value of the kernel's type."""
+    import ctypes
+
+    np = pytest.importorskip("numpy")
+    from pthfa import _launch as L
+
+    args = (np.uint64(2**40 + 7), np.int32(-5), np.float32(1.5), np.int64(-(2**35)))
+    packed = L._Packed(args)
+    address = packed.fill(args)
+    slots = list((ctypes.c_uint64 * 4).from_address(address))  # the four addresses
+    assert ctypes.c_uint64.from_address(slots[0]).value == 2**40 + 7
+    assert ctypes.c_int32.from_address(slots[1]).value == -5
+    assert ctypes.c_float.from_address(slots[2]).value == 1.5
+    assert ctypes.c_int64.from_address(slots[3]).value == -(2**35)
+    again = (np.uint64(1), np.int32(2), np.float32(0.25), np.int64(3))
+    assert packed.fill(again) == address  # the same block, new values
+    assert ctypes.c_int32.from_address(slots[1]).value == 2

@@ -105,13 +105,75 @@ def _stream_ptr(device: int) -> int:
     return ptr
 
 
+class _Packed:
+    """One kernel's argument block for the driver's launch, made once per kernel, argument
+    types and thread: a ctypes value per argument and the array of their addresses, which is
+    what ``cuLaunchKernel`` takes. A launch writes the values and passes the one address."""
+
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        import ctypes
+
+        import numpy as np
+
+        kinds: dict[Any, Any] = {np.uint64: ctypes.c_uint64, np.int64: ctypes.c_int64,
+                                 np.int32: ctypes.c_int32, np.float32: ctypes.c_float}
+        self.values: list[Any] = [kinds[type(a)]() for a in args]
+        self.floats = [isinstance(v, ctypes.c_float) for v in self.values]
+        self.pointers = (ctypes.c_void_p * len(args))(*(ctypes.addressof(v)
+                                                         for v in self.values))
+        self.address = ctypes.addressof(self.pointers)
+
+    def fill(self, args: tuple[Any, ...]) -> int:
+        for value, is_float, a in zip(self.values, self.floats, args, strict=True):
+            value.value = float(a) if is_float else int(a)
+        return self.address
+
+
+_DRIVER: list[Any] = []  # [cuda.bindings.driver], or [None] where it is missing or failed
+_PACKED: dict[tuple[Any, ...], _Packed] = {}
+
+
+def _driver() -> Any:
+    """The CUDA driver API through cuda-python, if installed (and not turned off with
+    ``PTHFA_LAUNCH=cupy``); None otherwise, and the launches go through CuPy."""
+    if not _DRIVER:
+        _DRIVER.append(_import_driver() if os.environ.get("PTHFA_LAUNCH", "") != "cupy"
+                       else None)
+    return _DRIVER[0]
+
+
+def _import_driver() -> Any:
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return None
+    return driver
+
+
+def _launch_driver(driver: Any, fn: Any, grid: tuple[int, ...], block: tuple[int, ...],
+                   args: tuple[Any, ...], shared_mem: int, stream: int) -> None:
+    import threading
+
+    key = (fn.ptr, threading.get_ident(), *map(type, args))
+    packed = _PACKED.get(key)
+    if packed is None:
+        packed = _PACKED[key] = _Packed(args)
+    g = (*grid, 1, 1)
+    b = (*block, 1, 1)
+    (err,) = driver.cuLaunchKernel(fn.ptr, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem,
+                                   stream, packed.fill(args), 0)
+    if int(err) != 0:
+        raise RuntimeError(f"cuLaunchKernel failed: {err}")
+
+
 def _launch(device: int, name: str, grid: tuple[int, ...], block: tuple[int, ...],
             args: tuple[Any, ...], shared_mem: int = 0) -> None:
     """Launch ``name`` on torch's current stream of ``device``.
 
-    The kernel handle, its shared-memory attribute and the stream wrapper are cached, and the
-    launch goes to CuPy's Function with the stream as an argument: no context managers on
-    the hot path unless the current device is another one.
+    The kernel handle, its shared-memory attribute and the stream are cached. With
+    cuda-python installed the launch is one ``cuLaunchKernel`` with a prepacked argument
+    block; else CuPy's Function is called with the stream as an argument. No context
+    managers on the hot path unless the current device is another one.
     """
     entry = _FUNCS.get((device, name))
     if entry is None:
@@ -121,14 +183,21 @@ def _launch(device: int, name: str, grid: tuple[int, ...], block: tuple[int, ...
     if shared_mem > entry[1]:
         raw.max_dynamic_shared_size_bytes = max(raw.max_dynamic_shared_size_bytes, shared_mem)
         entry[1] = shared_mem
-    stream = _cupy_stream(device, _stream_ptr(device))
     import cupy
 
-    fn = getattr(raw, "kernel", None)  # CuPy's Function: it takes the stream as an argument
+    fn = getattr(raw, "kernel", None)  # CuPy's Function (its ptr is the CUfunction)
     if fn is not None and cupy.cuda.runtime.getDevice() == device:
-        fn(grid, block, args, shared_mem, stream)
+        ptr = _stream_ptr(device)
+        driver = _driver()
+        if driver is not None:
+            try:
+                _launch_driver(driver, fn, grid, block, args, shared_mem, ptr)
+                return
+            except (AttributeError, TypeError, KeyError):
+                _DRIVER[0] = None  # this cuda-python speaks otherwise: CuPy from now on
+        fn(grid, block, args, shared_mem, _cupy_stream(device, ptr))
         return
-    with cupy.cuda.Device(device), stream:
+    with cupy.cuda.Device(device), _cupy_stream(device, _stream_ptr(device)):
         raw(grid, block, args, shared_mem=shared_mem)
 
 
