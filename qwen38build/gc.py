@@ -95,7 +95,8 @@ def _stored(store: Store) -> set[str]:
     """Every digest with a record or an output folder (an orphan of a crash)."""
     if not store.objects.is_dir():
         return set()
-    return {p.name.removesuffix(".json") for p in store.objects.iterdir()}
+    names = (p.name.removesuffix(".json") for p in store.objects.iterdir())
+    return {n for n in names if _is_digest(n)}  # never another writer's temp file
 
 
 def collect(store: Store, *, dry_run: bool = False) -> Report:

@@ -359,8 +359,8 @@ class Store:
             return
         names = set(os.listdir(self.objects))
         for name in sorted(names):
-            if name.endswith(".json") or f"{name}.json" in names:
-                continue
+            if name.endswith(".json") or f"{name}.json" in names or not _is_digest(name):
+                continue  # a record, an entry, or another writer's temp file: not an orphan
             with temproots.try_digest_lock(self.locks / f"{name}.lock") as got:
                 if got and not self.meta_path(name).exists():
                     with contextlib.suppress(OSError):
@@ -486,6 +486,10 @@ class Store:
                 return
         self.auto_roots.mkdir(parents=True, exist_ok=True)
         atomic_symlink(link, auto)
+
+
+def _is_digest(name: str) -> bool:
+    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
 
 
 def _well_formed(meta: Any) -> bool:
