@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen38build import temproots
-from qwen38build.store import Store, remove_tree
+from qwen38build.store import Store, is_digest, remove_tree
 
 
 @dataclass
@@ -62,7 +62,7 @@ def _closure(store: Store, tops: set[str], report: Report) -> set[str]:
     todo = list(tops)
     while todo:
         digest = todo.pop()
-        if digest in live or not _is_digest(digest):
+        if digest in live or not is_digest(digest):
             continue  # a name that is no digest never reaches a path
         live.add(digest)
         try:
@@ -76,10 +76,6 @@ def _closure(store: Store, tops: set[str], report: Report) -> set[str]:
             deps = []
         todo.extend(d for d in deps if isinstance(d, str))
     return live
-
-
-def _is_digest(value: str) -> bool:
-    return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 def _recorded_steps(store: Store, build: str) -> list[str]:
@@ -96,7 +92,7 @@ def _stored(store: Store) -> set[str]:
     if not store.objects.is_dir():
         return set()
     names = (p.name.removesuffix(".json") for p in store.objects.iterdir())
-    return {n for n in names if _is_digest(n)}  # never another writer's temp file
+    return {n for n in names if is_digest(n)}  # never another writer's temp file
 
 
 def collect(store: Store, *, dry_run: bool = False) -> Report:

@@ -359,7 +359,7 @@ class Store:
             return
         names = set(os.listdir(self.objects))
         for name in sorted(names):
-            if name.endswith(".json") or f"{name}.json" in names or not _is_digest(name):
+            if name.endswith(".json") or f"{name}.json" in names or not is_digest(name):
                 continue  # a record, an entry, or another writer's temp file: not an orphan
             with temproots.try_digest_lock(self.locks / f"{name}.lock") as got:
                 if got and not self.meta_path(name).exists():
@@ -488,7 +488,8 @@ class Store:
         atomic_symlink(link, auto)
 
 
-def _is_digest(name: str) -> bool:
+def is_digest(name: str) -> bool:
+    """64 lowercase hex digits: an entry's name (anything else in objects/ is not one)."""
     return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
 
 
