@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import statistics
 import sys
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pthfa" / "python"))
 import pthfa
+from pthfa import _launch as pthfa_launch
 
 H, KVH, D, BS, TOKENS = 32, 8, 128, 16, 16
 
@@ -56,7 +58,7 @@ def main() -> int:
     q = torch.randn((1, H, D), device=dev, generator=gen).to(torch.bfloat16)
     k = torch.randn((TOKENS, KVH, D), device=dev, generator=gen).to(torch.bfloat16)
     v = torch.randn((TOKENS, KVH, D), device=dev, generator=gen).to(torch.bfloat16)
-    blocks = 4
+    blocks = 256  # room for the growing max_seq_len below (seq_lens stays at 16)
     kc = torch.zeros((blocks, BS, KVH, D), dtype=torch.int8, device=dev)
     vc = torch.zeros_like(kc)
     ks = torch.zeros((blocks, BS, KVH), dtype=torch.float32, device=dev)
@@ -75,19 +77,36 @@ def main() -> int:
     def decode() -> None:
         pthfa.decode(q, kc, vc, ks, vs, tables, lens, max_seq_len=TOKENS, out=out)
 
+    grow = iter(range(10**9))
+
+    def decode_growing() -> None:  # as in serving: the bound moves every step
+        pthfa.decode(q, kc, vc, ks, vs, tables, lens, max_seq_len=TOKENS + next(grow) % 4000,
+                     out=out)
+
     def sdpa() -> None:
         F.scaled_dot_product_attention(qb, kb, vb, enable_gqa=True)
+
+    def one_torch_launch() -> None:  # the floor: one kernel launched by torch, eager
+        out.zero_()
 
     quantize()
     rows = {
         "pthfa.quantize_kv": per_call(quantize, args.calls, args.runs),
         "pthfa.decode": per_call(decode, args.calls, args.runs),
+        "pthfa.decode, max_seq_len + 1 a call": per_call(decode_growing, args.calls, args.runs),
         "torch SDPA (bf16, eager)": per_call(sdpa, args.calls, args.runs),
+        "floor: one torch launch (zero_)": per_call(one_torch_launch, args.calls, args.runs),
     }
+    os.environ["PTHFA_LAUNCH"] = "cupy"
+    pthfa_launch.reload_env()
+    rows["pthfa.quantize_kv (CuPy launch)"] = per_call(quantize, args.calls, args.runs)
+    rows["pthfa.decode (CuPy launch)"] = per_call(decode, args.calls, args.runs)
+    del os.environ["PTHFA_LAUNCH"]
+    pthfa_launch.reload_env()
     print(f"{torch.cuda.get_device_name()}: µs per call, {args.calls} calls back to back, "
           f"median of {args.runs}")
     for name, us in rows.items():
-        print(f"{name:28} {us:8.1f} µs  {1e6 / us:10.0f} calls/s")
+        print(f"{name:38} {us:8.1f} µs  {1e6 / us:10.0f} calls/s")
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()

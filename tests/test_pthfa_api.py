@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,6 +40,9 @@ class T:
 
     def is_contiguous(self) -> bool:
         return self.contiguous
+
+    def get_device(self) -> int:
+        return -1 if self.device.index is None else self.device.index
 
 
 NB, BS, KVH, D, S, H = 10, 16, 2, 128, 3, 8
@@ -162,13 +166,14 @@ def test_full_validation_runs_once_per_signature(monkeypatch: pytest.MonkeyPatch
     from pthfa import _launch as L
 
     monkeypatch.delenv("PTHFA_VALIDATE", raising=False)
+    L.reload_env()
     calls: list[int] = []
 
     def counting(*tensors: object) -> object:
         calls.append(1)
         return V.check_decode(*tensors)
 
-    seen: dict[tuple[object, ...], object] = {}
+    seen: dict[tuple[object, ...], Any] = {}
     args = dec()
     order = ["query", "k_cache", "v_cache", "k_scale", "v_scale", "block_tables", "seq_lens"]
 
@@ -190,7 +195,13 @@ def test_full_validation_runs_once_per_signature(monkeypatch: pytest.MonkeyPatch
     assert len(calls) == 5  # another device: its own entry
     monkeypatch.setenv("PTHFA_VALIDATE", "always")
     run()
-    assert len(calls) == 6  # the debug switch checks every call
+    assert len(calls) == 5  # the knobs are read once: a change needs reload_env()
+    L.reload_env()
+    run()
+    run()
+    assert len(calls) == 7  # the debug switch checks every call
+    monkeypatch.delenv("PTHFA_VALIDATE")
+    L.reload_env()
 
 
 def test_non_tensors_always_get_the_full_check() -> None:
@@ -201,20 +212,64 @@ def test_non_tensors_always_get_the_full_check() -> None:
 
 
 def test_the_driver_argument_block_holds_each_value_at_its_address() -> None:
-    """What cuLaunchKernel reads: an array of addresses, each of a value of the kernel's type."""
+    """What cuLaunchKernel reads: an array of addresses, each of a value of the kernel's type
+    at its natural alignment; one pack_into refills the same block."""
     import ctypes
 
-    np = pytest.importorskip("numpy")
     from pthfa import _launch as L
 
-    args = (np.uint64(2**40 + 7), np.int32(-5), np.float32(1.5), np.int64(-(2**35)))
-    packed = L._Packed(args)
-    address = packed.fill(args)
-    slots = list((ctypes.c_uint64 * 4).from_address(address))  # the four addresses
+    blk = L._ArgBlock("QifiqQ")
+    blk.pack(2**40 + 7, -5, 1.5, 9, -(2**35), 2**64 - 1)
+    slots = list((ctypes.c_uint64 * 6).from_address(blk.address))
+    assert [a % b for a, b in zip(slots, (8, 4, 4, 4, 8, 8), strict=True)] == [0] * 6
     assert ctypes.c_uint64.from_address(slots[0]).value == 2**40 + 7
     assert ctypes.c_int32.from_address(slots[1]).value == -5
     assert ctypes.c_float.from_address(slots[2]).value == 1.5
-    assert ctypes.c_int64.from_address(slots[3]).value == -(2**35)
-    again = (np.uint64(1), np.int32(2), np.float32(0.25), np.int64(3))
-    assert packed.fill(again) == address  # the same block, new values
+    assert ctypes.c_int32.from_address(slots[3]).value == 9
+    assert ctypes.c_int64.from_address(slots[4]).value == -(2**35)
+    assert ctypes.c_uint64.from_address(slots[5]).value == 2**64 - 1
+    blk.pack(1, 2, 0.25, 3, 4, 5)
     assert ctypes.c_int32.from_address(slots[1]).value == 2
+    import struct
+
+    with pytest.raises(struct.error):  # an int32 argument out of range never wraps
+        blk.pack(1, 2**31, 0.25, 3, 4, 5)
+
+
+@pytest.mark.parametrize("fmt,kernel", [
+    ("FMT_QUANTIZE", "quantize"), ("FMT_PART", "part"), ("FMT_MMA", "cp"),
+    ("FMT_REDUCE", "reduce")])
+def test_argument_formats_match_the_kernels(fmt: str, kernel: str) -> None:
+    """Each launch format has one code per parameter of its kernel in decode.cu/quantize.cu,
+    of the same type: the driver reads exactly these bytes."""
+    from pthfa import _launch as L
+
+    csrc = Path(__file__).resolve().parents[1] / "pthfa" / "csrc"
+    src, name = {"quantize": ("quantize.cu", "pthfa_quantize_##TN##_d##D("),
+                 "part": ("decode.cu", "pthfa_decode_part_##TN##_d##D##_g##G("),
+                 "cp": ("decode.cu", "pthfa_decode_cp##S##_##TN##_d##D("),
+                 "reduce": ("decode.cu", "pthfa_decode_reduce_##TN##_d##D(")}[kernel]
+    text = (csrc / src).read_text()
+    at = text.index(name) + len(name)
+    params = text[at:text.index(")", at)].replace("\\", " ").split(",")
+    types = {"int": "i", "float": "f", "long": "q"}
+    codes = "".join("Q" if "*" in p_ else types[p_.split()[-2]] for p_ in params)
+    assert codes == getattr(L, fmt)
+
+
+def test_plan_buckets() -> None:
+    """A plan is made per bucket of max_seq_len: never below it, at most 12.5% above, never
+    above the block tables' capacity, and few buckets over a long generation."""
+    from pthfa import _launch as L
+
+    seen = set()
+    for n in range(0, 40000):
+        b = L._bucket(n, 40000)
+        assert n <= b <= max(n, n + n // 8 + 1)
+        seen.add(b)
+    assert len(seen) < 160
+    assert L._bucket(5000, 5003) == 5003 and L._bucket(5000, 8192) == 5120
+    a = V.check_decode(**dec())
+    p = L._DecodePlan(a, L._bucket(70, a.max_blocks * a.block_size), 32, None)
+    assert p.grid == (3, KVH, S) and p.reduce_ints == (H, 32, 3)
+    assert p.work_bytes == S * H * 3 * (D + 2) * 4 and p.acc_bytes == S * H * 3 * D * 4

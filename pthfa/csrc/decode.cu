@@ -583,7 +583,10 @@ struct CpLayout {
   static constexpr int STAGE = 32 * RS + 2 * 16 * 4;  // bytes per stage (a multiple of 16)
 };
 
-template <typename T, int D, int S>
+// P selects a measurement probe (built only with -DPTHFA_PROBES, see bench/pthfa_roofline.py);
+// 0 is the kernel itself. 1: the loads and waits only, no math; 2: no scale loads; 3: the grid
+// with kv heads fastest (blockIdx.x = kv head, blockIdx.y = partition).
+template <typename T, int D, int S, int P = 0>
 __device__ __forceinline__ void decode_cp_impl(
     const T* __restrict__ q, const int8_t* __restrict__ k_cache,
     const int8_t* __restrict__ v_cache, const float* __restrict__ k_scale,
@@ -599,8 +602,8 @@ __device__ __forceinline__ void decode_cp_impl(
   constexpr int CPL = D / 32;  // chunks per lane per matrix per step (16 rows)
   extern __shared__ __align__(16) float smem[];
 
-  const int part = blockIdx.x;
-  const int kvh = blockIdx.y;
+  const int part = P == 3 ? blockIdx.y : blockIdx.x;
+  const int kvh = P == 3 ? blockIdx.x : blockIdx.y;
   const int seq = blockIdx.z;
   const int seq_len = seq_lens[seq];
   const int t0 = part * part_size;
@@ -656,12 +659,14 @@ __device__ __forceinline__ void decode_cp_impl(
       cp_async16(sb + r * L::RS + col * 16, k_cache + sr * D + col * 16);
       cp_async16(sb + L::VOFF + r * L::RS + col * 16, v_cache + sr * D + col * 16);
     }
-    const int r = lane & 15;
-    const long long sr = fast ? row0 + r * nkvh : row_of(b16 + r);
-    if (lane < 16) {
-      cp_async4(sb + L::SOFF + r * 4, k_scale + sr);
-    } else {
-      cp_async4(sb + L::SOFF + 64 + r * 4, v_scale + sr);
+    if constexpr (P != 2) {
+      const int r = lane & 15;
+      const long long sr = fast ? row0 + r * nkvh : row_of(b16 + r);
+      if (lane < 16) {
+        cp_async4(sb + L::SOFF + r * 4, k_scale + sr);
+      } else {
+        cp_async4(sb + L::SOFF + 64 + r * 4, v_scale + sr);
+      }
     }
   };
 
@@ -715,6 +720,10 @@ __device__ __forceinline__ void decode_cp_impl(
     const char* sb = wring + slot * L::STAGE;
     slot = slot + 1 == S ? 0 : slot + 1;
     const int base = (warp + kWarps * i) * 16;
+    if constexpr (P == 1) {
+      __syncwarp();
+      continue;
+    }
     float ks[4], vs[4];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -928,3 +937,34 @@ PTHFA_ALL_G(bf16, __nv_bfloat16, 256)
 PTHFA_ALL_G(fp16, __half, 64)
 PTHFA_ALL_G(fp16, __half, 128)
 PTHFA_ALL_G(fp16, __half, 256)
+
+#ifdef PTHFA_PROBES
+// Measurement probes of cp3 (bf16, head_dim 128): see decode_cp_impl's P.
+#define PTHFA_PROBE(P)                                                                           \
+  extern "C" __global__ void __launch_bounds__(pthfa::kThreads, 3) pthfa_probe##P##_cp3_bf16_d128( \
+      const __nv_bfloat16* __restrict__ q, const int8_t* __restrict__ k_cache,                   \
+      const int8_t* __restrict__ v_cache, const float* __restrict__ k_scale,                     \
+      const float* __restrict__ v_scale, const int* __restrict__ block_tables, int bt_stride,   \
+      const int* __restrict__ seq_lens, float* __restrict__ part_ml, float* __restrict__ part_acc, \
+      int num_kv_heads, int gqa, int block_shift, int part_size, int max_parts,                  \
+      float scale_log2) {                                                                        \
+    pthfa::decode_cp_impl<__nv_bfloat16, 128, 3, P>(                                             \
+        q, k_cache, v_cache, k_scale, v_scale, block_tables, bt_stride, seq_lens, part_ml,       \
+        part_acc, num_kv_heads, gqa, block_shift, part_size, max_parts, scale_log2);             \
+  }
+PTHFA_PROBE(1)
+PTHFA_PROBE(2)
+PTHFA_PROBE(3)
+
+// The read ceiling: every byte of [p, p + 16 n) read once, 16 bytes per load, grid-stride.
+extern "C" __global__ void pthfa_probe_read(const int4* __restrict__ p, long long n,
+                                            int* __restrict__ sink) {
+  int x = 0;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    const int4 v = __ldcs(p + i);
+    x ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (x == 0x7fffffff) *sink = x;  // keeps the loads
+}
+#endif

@@ -65,8 +65,8 @@ def _cubin_present() -> None:
 
 
 def _rows(n: int, kvh: int, d: int, dtype: Any, gen: Any) -> Any:
-    x = torch.randn((n, kvh, d), generator=gen, device=DEV)
-    mag = torch.exp(0.7 * torch.randn((n, kvh, 1), generator=gen, device=DEV))
+    x = torch.randn((n, kvh, d), generator=gen, device=gen.device)
+    mag = torch.exp(0.7 * torch.randn((n, kvh, 1), generator=gen, device=gen.device))
     return (x * mag).to(dtype)
 
 
@@ -138,38 +138,38 @@ def test_quantize_strided_view() -> None:
 
 
 def _decode_case(seq_lens: list[int], kvh: int, g: int, d: int, bs: int, name: str,
-                 seed: int, part_size: int | None = None) -> str:
+                 seed: int, part_size: int | None = None, dev: str = DEV) -> str:
     dtype = DTYPES[name]
-    gen = torch.Generator(device=DEV).manual_seed(seed)
+    gen = torch.Generator(device=dev).manual_seed(seed)
     s = len(seq_lens)
     h = kvh * g
     nblks = [math.ceil(n / bs) for n in seq_lens]
     max_blocks = max(*nblks, 1) + 2
     total = sum(nblks) + 5
-    perm = torch.randperm(total, generator=gen, device=DEV).to(torch.int32)
+    perm = torch.randperm(total, generator=gen, device=dev).to(torch.int32)
     # entries past a sequence's end hold valid but foreign blocks: reading them would show
-    block_tables = torch.randint(0, total, (s, max_blocks), generator=gen, device=DEV,
+    block_tables = torch.randint(0, total, (s, max_blocks), generator=gen, device=dev,
                                  dtype=torch.int32)
     keys, values, slots = [], [], []
     at = 0
     for i, n in enumerate(seq_lens):
         block_tables[i, : nblks[i]] = perm[at: at + nblks[i]]
         at += nblks[i]
-        t = torch.arange(n, device=DEV)
+        t = torch.arange(n, device=dev)
         slots.append(block_tables[i, t // bs].long() * bs + t % bs)
         keys.append(_rows(n, kvh, d, dtype, gen))
         values.append(_rows(n, kvh, d, dtype, gen))
-    k_cache = torch.randint(-127, 128, (total, bs, kvh, d), generator=gen, device=DEV,
+    k_cache = torch.randint(-127, 128, (total, bs, kvh, d), generator=gen, device=dev,
                             dtype=torch.int8)
-    v_cache = torch.randint(-127, 128, (total, bs, kvh, d), generator=gen, device=DEV,
+    v_cache = torch.randint(-127, 128, (total, bs, kvh, d), generator=gen, device=dev,
                             dtype=torch.int8)
-    k_scale = torch.rand((total, bs, kvh), generator=gen, device=DEV) + 0.5
-    v_scale = torch.rand((total, bs, kvh), generator=gen, device=DEV) + 0.5
+    k_scale = torch.rand((total, bs, kvh), generator=gen, device=dev) + 0.5
+    v_scale = torch.rand((total, bs, kvh), generator=gen, device=dev) + 0.5
     pthfa.quantize_kv(torch.cat(keys), torch.cat(values), k_cache, v_cache, k_scale, v_scale,
                       torch.cat(slots))
-    query = (2.0 * torch.randn((s, h, d), generator=gen, device=DEV)).to(dtype)
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
-    out = torch.full((s, h, d), float("nan"), dtype=dtype, device=DEV)
+    query = (2.0 * torch.randn((s, h, d), generator=gen, device=dev)).to(dtype)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
+    out = torch.full((s, h, d), float("nan"), dtype=dtype, device=dev)
     pthfa.decode(query, k_cache, v_cache, k_scale, v_scale, block_tables, lens,
                  max_seq_len=max(seq_lens), out=out, part_size=part_size)
     torch.cuda.synchronize()
@@ -235,8 +235,13 @@ def test_decode_small_blocks(bs: int) -> None:
 def test_decode_uneven_partitions(part: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Partitions that are not a power of two ($PTHFA_PART_SIZE, the measurement knob)."""
     monkeypatch.setenv("PTHFA_PART_SIZE", str(part))
-    RESULTS.append(f"PTHFA_PART_SIZE={part}: " + _decode_case(
-        [1, 1359, 1361, 2720, 2721, 9000], 2, 8, 128, 16, "bf16", seed=part))
+    pthfa.reload_env()  # the knobs are read once
+    try:
+        RESULTS.append(f"PTHFA_PART_SIZE={part}: " + _decode_case(
+            [1, 1359, 1361, 2720, 2721, 9000], 2, 8, 128, 16, "bf16", seed=part))
+    finally:
+        monkeypatch.delenv("PTHFA_PART_SIZE")
+        pthfa.reload_env()
 
 
 def test_decode_qwen3_8b_shape_and_empty_seq() -> None:
@@ -256,6 +261,132 @@ def test_decode_rejects_bad_args_on_gpu() -> None:
         pthfa.decode(q.cpu(), kc, kc, sc, sc, bt, lens)
     with pytest.raises(ValueError, match="query must be contiguous"):
         pthfa.decode(q.transpose(0, 1).contiguous().transpose(0, 1), kc, kc, sc, sc, bt, lens)
+
+
+class _Seqs:
+    """Two sequences over one quantized cache (the same 600 tokens), for tests that call
+    decode again and again on the same tensors, as serving does."""
+
+    def __init__(self, seed: int, kvh: int = 2, g: int = 4, d: int = 128, bs: int = 16,
+                 n_max: int = 600) -> None:
+        gen = torch.Generator(device=DEV).manual_seed(seed)
+        self.gen, self.kvh, self.h, self.d, self.bs = gen, kvh, kvh * g, d, bs
+        nb = n_max // bs + 4
+        self.tables = torch.randperm(nb, generator=gen, device=DEV).to(torch.int32).repeat(2, 1)
+        t = torch.arange(n_max, device=DEV)
+        self.k_cache = torch.zeros((nb, bs, kvh, d), dtype=torch.int8, device=DEV)
+        self.v_cache = torch.zeros_like(self.k_cache)
+        self.k_scale = torch.zeros((nb, bs, kvh), device=DEV)
+        self.v_scale = torch.zeros_like(self.k_scale)
+        slots = self.tables[0, t // bs].long() * bs + t % bs
+        pthfa.quantize_kv(_rows(n_max, kvh, d, torch.bfloat16, gen),
+                          _rows(n_max, kvh, d, torch.bfloat16, gen), self.k_cache, self.v_cache,
+                          self.k_scale, self.v_scale, slots)
+        self.lens = torch.zeros(2, dtype=torch.int32, device=DEV)
+
+    def query(self, s: int = 2, dtype: Any = torch.bfloat16) -> Any:
+        return (2.0 * torch.randn((s, self.h, self.d), generator=self.gen,
+                                  device=DEV)).to(dtype)
+
+    def cache(self) -> tuple[Any, Any, Any, Any]:
+        return self.k_cache, self.v_cache, self.k_scale, self.v_scale
+
+    def check(self, query: Any, out: Any, n: int) -> float:
+        k = [gather_kv(self.k_cache, self.k_scale, self.tables[i], n) for i in range(len(out))]
+        v = [gather_kv(self.v_cache, self.v_scale, self.tables[i], n) for i in range(len(out))]
+        err = _rel(out, attention_ref(query, k, v).to(out.dtype))
+        assert err < 1e-3, (n, err)
+        return err
+
+
+def test_fast_path_same_tensors_every_step() -> None:
+    """After a first call the checks and plans are remembered: the steps of a generation
+    (seq_lens and max_seq_len + 23 a step, one plan per bucket), a bound above the true
+    length, a new dtype, a new shape and a new partition size each match the reference, and
+    a bad call after good ones is still refused."""
+    x = _Seqs(seed=60)
+    q = x.query()
+    worst = 0.0
+    for n in range(100, 600, 23):
+        x.lens.fill_(n)
+        out = pthfa.decode(q, *x.cache(), x.tables, x.lens, max_seq_len=n)
+        worst = max(worst, x.check(q, out, n))
+    x.lens.fill_(100)
+    worst = max(worst, x.check(q, pthfa.decode(q, *x.cache(), x.tables, x.lens,
+                                               max_seq_len=600), 100))
+    q16 = x.query(dtype=torch.float16)
+    worst = max(worst, x.check(q16, pthfa.decode(q16, *x.cache(), x.tables, x.lens,
+                                                 max_seq_len=100), 100))
+    q1 = x.query(s=1)
+    worst = max(worst, x.check(q1, pthfa.decode(q1, *x.cache(), x.tables[:1], x.lens[:1],
+                                                max_seq_len=100), 100))
+    worst = max(worst, x.check(q, pthfa.decode(q, *x.cache(), x.tables, x.lens,
+                                               max_seq_len=100, part_size=32), 100))
+    with pytest.raises(ValueError, match="block_tables must have dtype"):
+        pthfa.decode(q, *x.cache(), x.tables.long(), x.lens, max_seq_len=100)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        pthfa.decode(q, *x.cache(), x.tables, x.lens, max_seq_len=10**6)
+    RESULTS.append(f"fast path, same tensors every step: worst rel err {worst:.2e}")
+
+
+def test_graph_capture_with_eager_calls_between_replays() -> None:
+    """quantize_kv (one new token a step) and decode captured in one CUDA graph; between
+    replays, eager calls of another shape on the same stream must not disturb the graph's
+    scratch, and every replay matches the reference over the cache it just extended."""
+    x = _Seqs(seed=61)
+    q = x.query()
+    out = torch.empty_like(q)
+    new_k = _rows(1, x.kvh, x.d, torch.bfloat16, x.gen)
+    new_v = _rows(1, x.kvh, x.d, torch.bfloat16, x.gen)
+    slot = torch.zeros(1, dtype=torch.int64, device=DEV)
+
+    def step() -> None:
+        pthfa.quantize_kv(new_k, new_v, *x.cache(), slot)
+        pthfa.decode(q, *x.cache(), x.tables, x.lens, max_seq_len=640, out=out)
+
+    x.lens.fill_(300)
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    q1 = x.query(s=1)
+    for n in (300, 301, 450):
+        q.copy_(x.query())
+        new_k.copy_(_rows(1, x.kvh, x.d, torch.bfloat16, x.gen))
+        new_v.copy_(_rows(1, x.kvh, x.d, torch.bfloat16, x.gen))
+        slot.fill_(int(x.tables[0, n // x.bs]) * x.bs + n % x.bs)  # token n, appended
+        x.lens.fill_(n + 1)
+        eager = pthfa.decode(q1, *x.cache(), x.tables[:1], x.lens[:1], max_seq_len=n + 1)
+        graph.replay()
+        torch.cuda.synchronize()
+        x.check(q, out, n + 1)
+        x.check(q1, eager, n + 1)
+        want_q, _ = quantize_ref(new_k)
+        row = x.k_cache.view(-1, x.kvh, x.d)[int(slot)]
+        assert int((row.int() - want_q[0].int()).abs().max()) <= 1
+    RESULTS.append("graph capture: quantize_kv + decode replayed 3 times with eager calls "
+                   "between: every replay matches")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
+                    reason="one GPU visible: per-device kernel handles need two")
+def test_two_devices_keep_their_own_handles() -> None:
+    """The same kernels on cuda:0 and cuda:1, the current device being either: each device
+    gets its own loaded module and function handle, and both give the reference."""
+    from pthfa import _launch as L
+
+    for dev, current in (("cuda:1", 0), ("cuda:1", 1), ("cuda:0", 1), ("cuda:0", 0)):
+        with torch.cuda.device(current):
+            RESULTS.append(f"{dev} (current {current}): " + _decode_case(
+                [1, 700, 3000], 2, 4, 128, 16, "bf16", seed=70, dev=dev))
+    names = {n for (_d, n) in L._KERNELS}
+    for name in names:
+        if (0, name) in L._KERNELS and (1, name) in L._KERNELS:
+            assert L._KERNELS[(0, name)].fn != L._KERNELS[(1, name)].fn
 
 
 def test_zz_report() -> None:

@@ -1,4 +1,7 @@
-"""Load the cubin for the device and launch the kernels on torch tensors through CuPy."""
+"""Load the cubin for the device and launch the kernels on torch tensors.
+
+The cubin is loaded through CuPy; a launch goes to the CUDA driver directly (ctypes) with a
+prepacked argument block, CuPy's launch being the fallback."""
 
 from __future__ import annotations
 
@@ -89,127 +92,247 @@ def _cupy_stream(device: int, ptr: int) -> Any:
     return st
 
 
-# Per (device, kernel name): the RawKernel, and the largest dynamic shared memory set on it.
-_FUNCS: dict[tuple[int, str], list[Any]] = {}
-_RAW_STREAM: list[Any] = []
+class _Torch:
+    """torch's C entry points for the hot path, bound once: the current device, the raw
+    current stream, whether that stream is capturing a graph, and ``empty``."""
 
-
-def _stream_ptr(device: int) -> int:
-    """torch's current stream on ``device`` as a raw pointer, by the cheapest call there is."""
-    if not _RAW_STREAM:
+    def __init__(self) -> None:
         import torch
 
-        fast = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        _RAW_STREAM.append(fast or (lambda d: torch.cuda.current_stream(d).cuda_stream))
-    ptr: int = _RAW_STREAM[0](device)
-    return ptr
+        c = torch._C
+        self.torch = torch
+        self.device = getattr(c, "_cuda_getDevice", torch.cuda.current_device)
+        self.stream = getattr(c, "_cuda_getCurrentRawStream",
+                              lambda d: torch.cuda.current_stream(d).cuda_stream)
+        self.capturing = getattr(c, "_cuda_isCurrentStreamCapturing",
+                                 torch.cuda.is_current_stream_capturing)
+        self.empty = torch.empty
+        self.empty_like = torch.empty_like
+        self.uint8 = torch.uint8
 
 
-class _Packed:
-    """One kernel's argument block for the driver's launch, made once per kernel, argument
-    types and thread: a ctypes value per argument and the array of their addresses, which is
-    what ``cuLaunchKernel`` takes. A launch writes the values and passes the one address."""
+_T: list[_Torch] = []
 
-    def __init__(self, args: tuple[Any, ...]) -> None:
+
+def _torch() -> _Torch:
+    if not _T:
+        _T.append(_Torch())
+    return _T[0]
+
+
+# Kernel argument formats, one character per argument (struct's codes, native alignment):
+# Q a device pointer, i int32, q int64, f float32. They must match the kernels' signatures.
+FMT_QUANTIZE = "QQQQQQQiiqqqq"
+FMT_PART = "QQQQQQiQQQiiiif"        # simt: ..., num_kv_heads, block_shift, part, parts, scale
+FMT_MMA = "QQQQQQiQQQiiiiif"        # mma1/cp3/cp4: ..., num_kv_heads, gqa, block_shift, ...
+FMT_REDUCE = "QQQQiii"
+
+
+class _ArgBlock:
+    """One kernel's argument block for the driver's launch: a buffer that holds every
+    argument at its natural alignment, and the array of their addresses that
+    ``cuLaunchKernel`` reads. Filling it is one ``struct.pack_into``; the driver copies the
+    values at the launch, so the block is reused (one per kernel and thread)."""
+
+    __slots__ = ("address", "buf", "pack", "params")
+
+    def __init__(self, fmt: str) -> None:
+        import ctypes
+        import functools
+        import struct
+
+        layout = struct.Struct("@" + fmt)
+        self.buf = ctypes.create_string_buffer(max(layout.size, 1))
+        base = ctypes.addressof(self.buf)
+        offsets = [struct.calcsize("@" + fmt[: i + 1]) - struct.calcsize("@" + c)
+                   for i, c in enumerate(fmt)]
+        self.params = (ctypes.c_void_p * len(fmt))(*(base + o for o in offsets))
+        self.address = ctypes.addressof(self.params)
+        self.pack = functools.partial(layout.pack_into, self.buf, 0)
+
+
+class _Driver:
+    """``cuLaunchKernel`` from the driver library that torch and CuPy already loaded,
+    through ctypes: no numpy scalars, no per-call type wrapping."""
+
+    def __init__(self) -> None:
         import ctypes
 
-        import numpy as np
+        lib = ctypes.CDLL("libcuda.so.1")
+        u = ctypes.c_uint
+        p = ctypes.c_void_p
+        self.launch = lib.cuLaunchKernel
+        self.launch.argtypes = [p, u, u, u, u, u, u, u, p, p, p]
+        self.launch.restype = ctypes.c_int
+        self._name = lib.cuGetErrorName
+        self._name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        self._ctypes = ctypes
 
-        kinds: dict[Any, Any] = {np.uint64: ctypes.c_uint64, np.int64: ctypes.c_int64,
-                                 np.int32: ctypes.c_int32, np.float32: ctypes.c_float}
-        self.values: list[Any] = [kinds[type(a)]() for a in args]
-        self.floats = [isinstance(v, ctypes.c_float) for v in self.values]
-        self.pointers = (ctypes.c_void_p * len(args))(*(ctypes.addressof(v)
-                                                         for v in self.values))
-        self.address = ctypes.addressof(self.pointers)
-
-    def fill(self, args: tuple[Any, ...]) -> int:
-        for value, is_float, a in zip(self.values, self.floats, args, strict=True):
-            value.value = float(a) if is_float else int(a)
-        return self.address
-
-
-_DRIVER: list[Any] = []  # [cuda.bindings.driver], or [None] where it is missing or failed
-_PACKED: dict[tuple[Any, ...], _Packed] = {}
+    def error(self, code: int) -> str:
+        out = self._ctypes.c_char_p()
+        self._name(code, self._ctypes.byref(out))
+        return (out.value or b"?").decode()
 
 
-def _driver() -> Any:
-    """The CUDA driver API through cuda-python, if installed (and not turned off with
-    ``PTHFA_LAUNCH=cupy``); None otherwise, and the launches go through CuPy."""
+_DRIVER: list[_Driver | None] = []
+
+
+def _driver() -> _Driver | None:
+    """The driver's launch, unless ``PTHFA_LAUNCH=cupy`` or libcuda cannot be opened; None
+    sends every launch through CuPy."""
     if not _DRIVER:
-        _DRIVER.append(_import_driver() if os.environ.get("PTHFA_LAUNCH", "") != "cupy"
-                       else None)
+        drv = None
+        if knobs().launch != "cupy":
+            try:
+                drv = _Driver()
+            except (OSError, AttributeError):
+                drv = None
+        _DRIVER.append(drv)
     return _DRIVER[0]
 
 
-def _import_driver() -> Any:
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        return None
-    return driver
+class _Kernel:
+    """A loaded kernel of one device: CuPy's RawKernel (module and shared-memory attribute),
+    its CUfunction, its argument format, and an argument block per thread."""
+
+    __slots__ = ("blocks", "device", "fmt", "fn", "raw", "smem")
+
+    def __init__(self, device: int, name: str, fmt: str) -> None:
+        import cupy
+
+        self.device = device
+        self.raw = _module(device).get_function(name)
+        with cupy.cuda.Device(device):  # CuPy loads the module on the current device
+            self.fn = int(self.raw.kernel.ptr)
+        self.fmt = fmt
+        self.smem = V.SMEM_DEFAULT
+        self.blocks: dict[int, _ArgBlock] = {}
+
+    def allow_smem(self, nbytes: int) -> None:
+        import cupy
+
+        if nbytes > self.smem:
+            with cupy.cuda.Device(self.device):
+                self.raw.max_dynamic_shared_size_bytes = max(
+                    self.raw.max_dynamic_shared_size_bytes, nbytes)
+            self.smem = nbytes
 
 
-def _launch_driver(driver: Any, fn: Any, grid: tuple[int, ...], block: tuple[int, ...],
-                   args: tuple[Any, ...], shared_mem: int, stream: int) -> None:
-    import threading
-
-    key = (fn.ptr, threading.get_ident(), *map(type, args))
-    packed = _PACKED.get(key)
-    if packed is None:
-        packed = _PACKED[key] = _Packed(args)
-    g = (*grid, 1, 1)
-    b = (*block, 1, 1)
-    (err,) = driver.cuLaunchKernel(fn.ptr, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem,
-                                   stream, packed.fill(args), 0)
-    if int(err) != 0:
-        raise RuntimeError(f"cuLaunchKernel failed: {err}")
+_KERNELS: dict[tuple[int, str], _Kernel] = {}
 
 
-def _launch(device: int, name: str, grid: tuple[int, ...], block: tuple[int, ...],
-            args: tuple[Any, ...], shared_mem: int = 0) -> None:
+def _kernel(device: int, name: str, fmt: str) -> _Kernel:
+    k = _KERNELS.get((device, name))
+    if k is None:
+        k = _KERNELS[(device, name)] = _Kernel(device, name, fmt)
+    return k
+
+
+def _launch(device: int, name: str, fmt: str, grid: tuple[int, int, int],
+            block: tuple[int, int, int], args: tuple[Any, ...], shared_mem: int = 0) -> None:
     """Launch ``name`` on torch's current stream of ``device``.
 
-    The kernel handle, its shared-memory attribute and the stream are cached. With
-    cuda-python installed the launch is one ``cuLaunchKernel`` with a prepacked argument
-    block; else CuPy's Function is called with the stream as an argument. No context
-    managers on the hot path unless the current device is another one.
+    The hot path is one ``struct.pack_into`` and one ``cuLaunchKernel``; CuPy's launch (with
+    numpy scalars, and its device and stream context managers where the current device is
+    another one) is the fallback.
     """
-    entry = _FUNCS.get((device, name))
-    if entry is None:
-        raw = _module(device).get_function(name)
-        entry = _FUNCS[(device, name)] = [raw, V.SMEM_DEFAULT]
-    raw = entry[0]
-    if shared_mem > entry[1]:
-        raw.max_dynamic_shared_size_bytes = max(raw.max_dynamic_shared_size_bytes, shared_mem)
-        entry[1] = shared_mem
-    import cupy
-
-    fn = getattr(raw, "kernel", None)  # CuPy's Function (its ptr is the CUfunction)
-    if fn is not None and cupy.cuda.runtime.getDevice() == device:
-        ptr = _stream_ptr(device)
-        driver = _driver()
-        if driver is not None:
-            try:
-                _launch_driver(driver, fn, grid, block, args, shared_mem, ptr)
-                return
-            except (AttributeError, TypeError, KeyError):
-                _DRIVER[0] = None  # this cuda-python speaks otherwise: CuPy from now on
-        fn(grid, block, args, shared_mem, _cupy_stream(device, ptr))
+    k = _KERNELS.get((device, name)) or _kernel(device, name, fmt)
+    if shared_mem > k.smem:
+        k.allow_smem(shared_mem)
+    t = _T[0] if _T else _torch()
+    stream = t.stream(device)
+    drv = _DRIVER[0] if _DRIVER else _driver()
+    if drv is not None and t.device() == device:
+        tid = threading.get_ident()
+        blk = k.blocks.get(tid)
+        if blk is None:
+            blk = k.blocks[tid] = _ArgBlock(fmt)
+        blk.pack(*args)
+        err = drv.launch(k.fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                         shared_mem, stream, blk.address, None)
+        if err:
+            raise RuntimeError(f"pthfa: launching {name} failed: {drv.error(err)}")
         return
-    with cupy.cuda.Device(device), _cupy_stream(device, _stream_ptr(device)):
-        raw(grid, block, args, shared_mem=shared_mem)
+    _launch_cupy(device, k, grid, block, args, shared_mem, stream)
+
+
+def _launch_cupy(device: int, k: _Kernel, grid: tuple[int, int, int],
+                 block: tuple[int, int, int], args: tuple[Any, ...], shared_mem: int,
+                 stream: int) -> None:
+    import cupy
+    import numpy as np
+
+    kinds = {"Q": np.uint64, "i": np.int32, "q": np.int64, "f": np.float32}
+    typed = tuple(kinds[c](a) for c, a in zip(k.fmt, args, strict=True))
+    if cupy.cuda.runtime.getDevice() == device:
+        k.raw.kernel(grid, block, typed, shared_mem, _cupy_stream(device, stream))
+        return
+    with cupy.cuda.Device(device), _cupy_stream(device, stream):
+        k.raw(grid, block, typed, shared_mem=shared_mem)
+
+
+# Per (device, stream): the scratch of the partial results, reused by every eager decode on
+# that stream (stream order keeps one call's reduce before the next call's partition kernel).
+_WORK: dict[tuple[int, int], Any] = {}
+
+
+def _workspace(t: _Torch, device: int, stream: int, nbytes: int) -> tuple[int, Any]:
+    """(address, owner) of ``nbytes`` of device scratch for one decode. Eager: the stream's
+    cached buffer, grown as needed. While the stream captures a graph: a fresh allocation from
+    the graph's pool, so a replay never shares its scratch with eager calls."""
+    buf: Any
+    if t.capturing():
+        buf = t.empty(nbytes, dtype=t.uint8, device=device)
+        return buf.data_ptr(), buf
+    key = (device, stream)
+    buf = _WORK.get(key)
+    if buf is None or buf.numel() < nbytes:
+        buf = _WORK[key] = t.empty(max(nbytes, 1 << 16), dtype=t.uint8, device=device)
+    return buf.data_ptr(), buf
 
 
 IMPLS = ("simt", "mma1", "cp3", "cp4")
 DEFAULT = "cp3"
 
 
+class Knobs:
+    """The environment knobs, read once (at the first call) rather than on every launch:
+    ``PTHFA_IMPL``, ``PTHFA_PART_SIZE``, ``PTHFA_VALIDATE``, ``PTHFA_LAUNCH``. A program that
+    changes them later calls :func:`reload_env`."""
+
+    __slots__ = ("impl", "launch", "part_size", "validate")
+
+    def __init__(self) -> None:
+        self.impl = os.environ.get("PTHFA_IMPL", "")
+        self.part_size = os.environ.get("PTHFA_PART_SIZE", "")
+        self.validate = os.environ.get("PTHFA_VALIDATE", "") == "always"
+        self.launch = os.environ.get("PTHFA_LAUNCH", "")
+
+
+_KNOBS: list[Knobs] = []
+
+
+def knobs() -> Knobs:
+    if not _KNOBS:
+        _KNOBS.append(Knobs())
+    return _KNOBS[0]
+
+
+def reload_env() -> None:
+    """Re-read the PTHFA_* knobs, and forget every plan and launch choice made from them."""
+    with _LOCK:
+        _KNOBS.clear()
+        _DRIVER.clear()
+        _PLANS.clear()
+        _DECODE_OK.clear()
+        _QUANTIZE_OK.clear()
+
+
 def decode_impl(head_dim: int, part_size: int = 2048) -> str:
     """The partition kernel: $PTHFA_IMPL if set (one of IMPLS), else the pipelined
     tensor-core kernel cp3, which measured fastest on every benchmark shape on the H200
     (2026-11-29) once its partition size is chosen by ``choose_part_size_cp``."""
-    impl = os.environ.get("PTHFA_IMPL", "")
+    impl = knobs().impl
     if impl:
         if impl not in IMPLS:
             raise ValueError(f"PTHFA_IMPL must be one of {IMPLS}, got {impl!r}")
@@ -232,9 +355,9 @@ def _num_sms(device: int) -> int:
 
 def cached_plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int,
                 gqa: int, head_dim: int, num_sms: int) -> tuple[str, int]:
-    """:func:`plan`, remembered per arguments (and the two knobs it reads)."""
-    key = (num_seqs, num_kv_heads, max_seq_len, block_size, gqa, head_dim, num_sms,
-           os.environ.get("PTHFA_IMPL", ""), os.environ.get("PTHFA_PART_SIZE", ""))
+    """:func:`plan`, remembered per arguments (the knobs it reads are fixed until
+    :func:`reload_env`, which forgets these)."""
+    key = (num_seqs, num_kv_heads, max_seq_len, block_size, gqa, head_dim, num_sms)
     got = _PLANS.get(key)
     if got is None:
         got = plan(num_seqs, num_kv_heads, max_seq_len, block_size, gqa, head_dim, num_sms)
@@ -253,7 +376,7 @@ def plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int, gq
     and of block_size, not only powers of two.
     """
     impl = decode_impl(head_dim)
-    env_part = os.environ.get("PTHFA_PART_SIZE", "")
+    env_part = knobs().part_size
     if env_part:
         part = int(env_part)
         if part < 16 or part % 16 or part % block_size:
@@ -274,31 +397,38 @@ def plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int, gq
     return impl, part
 
 
-_DECODE_OK: dict[tuple[Any, ...], Any] = {}
-_QUANTIZE_OK: dict[tuple[Any, ...], Any] = {}
+class _Signature:
+    """What the full validation of one signature (every tensor's shape, strides, dtype and
+    device) found, and the launch plans derived from it per scalar arguments."""
+
+    __slots__ = ("args", "plans")
+
+    def __init__(self, args: Any) -> None:
+        self.args = args
+        self.plans: dict[tuple[Any, ...], Any] = {}
 
 
-def _checked(seen: dict[tuple[Any, ...], Any], check: Any, *tensors: Any) -> Any:
+_DECODE_OK: dict[tuple[Any, ...], _Signature] = {}
+_QUANTIZE_OK: dict[tuple[Any, ...], _Signature] = {}
+
+
+def _checked(seen: dict[tuple[Any, ...], _Signature], check: Any, *tensors: Any) -> _Signature:
     """``check(*tensors)``, the full validation, once per signature (every tensor's shape,
     strides, dtype and device): a later call with the same signature passes what the full
     check passed, in O(1) per tensor. ``PTHFA_VALIDATE=always`` checks every call."""
     try:
-        key = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+        key = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
                     for t in tensors)
         got = seen.get(key)
     except (AttributeError, TypeError):  # not tensors: the full check names what is wrong
-        return check(*tensors)
-    if got is None or os.environ.get("PTHFA_VALIDATE") == "always":
-        got = check(*tensors)
+        return _Signature(check(*tensors))
+    if got is None:
+        got = _Signature(check(*tensors))
         if len(seen) < 4096:
             seen[key] = got
+    elif (_KNOBS[0] if _KNOBS else knobs()).validate:
+        check(*tensors)
     return got
-
-
-def _ptr(t: Any) -> Any:
-    import numpy as np
-
-    return np.uint64(t.data_ptr())
 
 
 def quantize_kv(key: Any, value: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
@@ -309,20 +439,101 @@ def quantize_kv(key: Any, value: Any, k_cache: Any, v_cache: Any, k_scale: Any, 
     caches [num_blocks, block_size, kv_heads, head_dim] int8 gets token i, and the scales
     [num_blocks, block_size, kv_heads] fp32 get absmax / 127 of each (token, head) row.
     """
-    import numpy as np
-
-    a = _checked(_QUANTIZE_OK, V.check_quantize, key, value, k_cache, v_cache, k_scale,
-                 v_scale, slot_mapping)
-    if a.num_tokens == 0:
+    sig = _checked(_QUANTIZE_OK, V.check_quantize, key, value, k_cache, v_cache, k_scale,
+                   v_scale, slot_mapping)
+    p = sig.plans.get(())
+    if p is None:
+        a = sig.args
+        warps = 2 * a.num_tokens * a.num_kv_heads
+        p = sig.plans[()] = (
+            a.num_tokens == 0, a.device, f"pthfa_quantize_{a.dtype}_d{a.head_dim}",
+            (max(1, math.ceil(warps / V.WARPS)), 1, 1),
+            (a.num_tokens, a.num_kv_heads, *a.key_strides, *a.value_strides))
+    if p[0]:
         return
-    warps = 2 * a.num_tokens * a.num_kv_heads
-    grid = (math.ceil(warps / V.WARPS),)
-    _launch(a.device, f"pthfa_quantize_{a.dtype}_d{a.head_dim}", grid, (V.THREADS,), (
-        _ptr(key), _ptr(value), _ptr(k_cache), _ptr(v_cache), _ptr(k_scale), _ptr(v_scale),
-        _ptr(slot_mapping), np.int32(a.num_tokens), np.int32(a.num_kv_heads),
-        np.int64(a.key_strides[0]), np.int64(a.key_strides[1]),
-        np.int64(a.value_strides[0]), np.int64(a.value_strides[1]),
-    ))
+    _launch(p[1], p[2], FMT_QUANTIZE, p[3], (V.THREADS, 1, 1), (
+        key.data_ptr(), value.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+        k_scale.data_ptr(), v_scale.data_ptr(), slot_mapping.data_ptr(), *p[4]))
+
+
+def _bucket(n: int, cap: int) -> int:
+    """``n`` rounded up to four significant bits (at most 12.5% more; never above ``cap``):
+    the length a plan is made for. A decode's max_seq_len grows by one each step; plans per
+    bucket keep the plan cache small and hit, and the partitions past a sequence's length
+    return at once (the reduce reads only those its seq_len covers)."""
+    if n <= 16:
+        return n
+    shift = n.bit_length() - 4
+    return min((((n - 1) >> shift) + 1) << shift, cap)
+
+
+class _DecodePlan:
+    """Everything ``decode`` derives from a signature and its scalar arguments: the kernels,
+    grids, shared memory, scratch layout and the integer arguments."""
+
+    __slots__ = (
+        "acc_bytes",
+        "device",
+        "empty",
+        "fmt",
+        "grid",
+        "part",
+        "part_ints",
+        "reduce",
+        "reduce_block",
+        "reduce_grid",
+        "reduce_ints",
+        "smem",
+        "work_bytes",
+    )
+
+    def __init__(self, a: Any, max_seq_len: int, part_size: int | None,
+                 sm_scale: float | None) -> None:
+        max_seq_len = V.check_max_seq_len(max_seq_len, a)
+        if sm_scale is None:
+            sm_scale = 1.0 / math.sqrt(a.head_dim)
+        if not isinstance(sm_scale, (int, float)) or isinstance(sm_scale, bool):
+            raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
+        self.device = a.device
+        self.empty = a.num_seqs == 0 or a.num_heads == 0
+        if self.empty:
+            return
+        if part_size is None:
+            impl, part_size = cached_plan(a.num_seqs, a.num_kv_heads, max_seq_len,
+                                          a.block_size, a.gqa, a.head_dim, _num_sms(a.device))
+        else:
+            V.check_part_size(part_size, a.block_size, a.gqa, a.head_dim)
+            impl = decode_impl(a.head_dim, part_size)
+        max_parts = max(1, math.ceil(max_seq_len / part_size))
+        rows = a.num_seqs * a.num_heads * max_parts
+        # the accumulators first, so both buffers start 256-byte aligned
+        self.acc_bytes = rows * a.head_dim * 4
+        self.work_bytes = rows * (a.head_dim + 2) * 4
+        block_shift = a.block_size.bit_length() - 1
+        scale_log2 = float(sm_scale) * math.log2(math.e)
+        self.part_ints: tuple[Any, ...]
+        self.grid = (max_parts, a.num_kv_heads, a.num_seqs)
+        if impl == "simt":
+            self.part = f"pthfa_decode_part_{a.dtype}_d{a.head_dim}_g{a.gqa}"
+            self.fmt = FMT_PART
+            self.part_ints = (a.num_kv_heads, block_shift, part_size, max_parts, scale_log2)
+            self.smem = V.smem_bytes(part_size, a.block_size, a.gqa, a.head_dim)
+        else:
+            self.part = f"pthfa_decode_{impl}_{a.dtype}_d{a.head_dim}"
+            self.fmt = FMT_MMA
+            self.part_ints = (a.num_kv_heads, a.gqa, block_shift, part_size, max_parts,
+                              scale_log2)
+            self.smem = (V.smem_bytes_cp(part_size, a.block_size, a.gqa, a.head_dim,
+                                         int(impl[2:]))
+                         if impl.startswith("cp") else
+                         V.smem_bytes_mma(part_size, a.block_size, a.gqa, a.head_dim))
+        self.reduce = f"pthfa_decode_reduce_{a.dtype}_d{a.head_dim}"
+        self.reduce_grid = (a.num_heads, a.num_seqs, 1)
+        self.reduce_block = (a.head_dim, 1, 1)
+        self.reduce_ints = (a.num_heads, part_size, max_parts)
+
+
+_THREADS3 = (V.THREADS, 1, 1)
 
 
 def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
@@ -334,67 +545,41 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
     int32; seq_lens [num_seqs] int32 (0 gives a zero output row). ``max_seq_len`` bounds
     seq_lens (read from the device, one sync, when omitted). Returns ``out``
     [num_seqs, num_heads, head_dim], query's dtype.
-    """
-    import numpy as np
-    import torch
 
-    a = _checked(_DECODE_OK, V.check_decode, query, k_cache, v_cache, k_scale, v_scale,
-                 block_tables, seq_lens, out)
+    A repeat call with the same signature and scalars costs a dictionary lookup, the
+    pointers, and two driver launches: the checks and the plan are remembered.
+    """
+    sig = _checked(_DECODE_OK, V.check_decode, query, k_cache, v_cache, k_scale, v_scale,
+                   block_tables, seq_lens, out)
+    a = sig.args
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max().item()) if a.num_seqs else 0
-    max_seq_len = V.check_max_seq_len(max_seq_len, a)
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(a.head_dim)
-    if not isinstance(sm_scale, (int, float)) or isinstance(sm_scale, bool):
-        raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
+    cap = a.max_blocks * a.block_size
+    if (type(max_seq_len) is int and 0 <= max_seq_len <= cap
+            and (part_size is None or type(part_size) is int)
+            and (sm_scale is None or type(sm_scale) is float or type(sm_scale) is int)):
+        key = (_bucket(max_seq_len, cap), part_size, sm_scale)
+        p = sig.plans.get(key)
+        if p is None:
+            p = _DecodePlan(a, key[0], part_size, sm_scale)
+            if len(sig.plans) < 512:
+                sig.plans[key] = p
+    else:  # the full checks name what is wrong (or plan an int subclass, uncached)
+        p = _DecodePlan(a, max_seq_len, part_size, sm_scale)
+    t = _T[0] if _T else _torch()
     if out is None:
-        out = torch.empty_like(query)
-    if a.num_seqs == 0 or a.num_heads == 0:
+        out = t.empty_like(query)
+    if p.empty:
         return out
-    if part_size is None:
-        impl, part_size = cached_plan(a.num_seqs, a.num_kv_heads, max_seq_len, a.block_size,
-                                      a.gqa, a.head_dim, _num_sms(a.device))
-    else:
-        V.check_part_size(part_size, a.block_size, a.gqa, a.head_dim)
-        impl = decode_impl(a.head_dim, part_size)
-    max_parts = max(1, math.ceil(max_seq_len / part_size))
-    # One allocation for both partial buffers (the allocator's call is a cost per launch);
-    # the accumulators first, so both start 256-byte aligned (head_dim >= 64 floats a row).
-    rows = a.num_seqs * a.num_heads * max_parts
-    work = torch.empty(rows * (a.head_dim + 2), dtype=torch.float32, device=query.device)
-    part_acc = work[: rows * a.head_dim]
-    part_ml = work[rows * a.head_dim :]
-    block_shift = a.block_size.bit_length() - 1
+    dev = p.device
+    work, _owner = _workspace(t, dev, t.stream(dev), p.work_bytes)
+    part_ml = work + p.acc_bytes
+    seq_ptr = seq_lens.data_ptr()
     if max_seq_len > 0:
-        if impl == "simt":
-            _launch(
-                a.device, f"pthfa_decode_part_{a.dtype}_d{a.head_dim}_g{a.gqa}",
-                (max_parts, a.num_kv_heads, a.num_seqs), (V.THREADS,),
-                (_ptr(query), _ptr(k_cache), _ptr(v_cache), _ptr(k_scale), _ptr(v_scale),
-                 _ptr(block_tables), np.int32(a.bt_stride), _ptr(seq_lens), _ptr(part_ml),
-                 _ptr(part_acc), np.int32(a.num_kv_heads), np.int32(block_shift),
-                 np.int32(part_size), np.int32(max_parts),
-                 np.float32(float(sm_scale) * math.log2(math.e))),
-                shared_mem=V.smem_bytes(part_size, a.block_size, a.gqa, a.head_dim),
-            )
-        else:
-            _launch(
-                a.device, f"pthfa_decode_{impl}_{a.dtype}_d{a.head_dim}",
-                (max_parts, a.num_kv_heads, a.num_seqs), (V.THREADS,),
-                (_ptr(query), _ptr(k_cache), _ptr(v_cache), _ptr(k_scale), _ptr(v_scale),
-                 _ptr(block_tables), np.int32(a.bt_stride), _ptr(seq_lens), _ptr(part_ml),
-                 _ptr(part_acc), np.int32(a.num_kv_heads), np.int32(a.gqa),
-                 np.int32(block_shift), np.int32(part_size), np.int32(max_parts),
-                 np.float32(float(sm_scale) * math.log2(math.e))),
-                shared_mem=(V.smem_bytes_cp(part_size, a.block_size, a.gqa, a.head_dim,
-                                            int(impl[2:]))
-                            if impl.startswith("cp") else
-                            V.smem_bytes_mma(part_size, a.block_size, a.gqa, a.head_dim)),
-            )
-    _launch(
-        a.device, f"pthfa_decode_reduce_{a.dtype}_d{a.head_dim}", (a.num_heads, a.num_seqs),
-        (a.head_dim,),
-        (_ptr(part_ml), _ptr(part_acc), _ptr(seq_lens), _ptr(out), np.int32(a.num_heads),
-         np.int32(part_size), np.int32(max_parts)),
-    )
+        _launch(dev, p.part, p.fmt, p.grid, _THREADS3, (
+            query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_scale.data_ptr(),
+            v_scale.data_ptr(), block_tables.data_ptr(), sig.args.bt_stride, seq_ptr, part_ml,
+            work, *p.part_ints), shared_mem=p.smem)
+    _launch(dev, p.reduce, FMT_REDUCE, p.reduce_grid, p.reduce_block,
+            (part_ml, work, seq_ptr, out.data_ptr(), *p.reduce_ints))
     return out
