@@ -51,10 +51,13 @@ def _modules(tree: Path) -> tuple[Any, Any]:
 
 
 def _config(kvi: Any, method: str | None) -> Any:
+    # use_eagle() as SpeculativeConfig answers it (dflash and eagle3 are in its list), so
+    # the eagle-group annotation after the grouping runs as it does for these drafters.
     spec_config = None if method is None else SimpleNamespace(
-        method=method, use_eagle=lambda: False, use_eagle_block_drop=lambda: False)
+        method=method, use_eagle=lambda: True, use_eagle_block_drop=lambda: True)
     return SimpleNamespace(
         speculative_config=spec_config,
+        model_config=SimpleNamespace(hf_config=SimpleNamespace(model_type="qwen3_5")),
         scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False),
         attention_config=SimpleNamespace(hisparse_config=None),
         cache_config=SimpleNamespace(
