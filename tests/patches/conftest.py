@@ -42,6 +42,7 @@ EXTRA_MEMBERS: list[str] = [
     "v1/kv_cache_spec_registry.py",
     "v1/core/block_pool.py",
     "v1/core/kv_cache_utils.py",
+    "v1/hisparse/layout.py",
 ]
 
 
