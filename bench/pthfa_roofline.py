@@ -9,6 +9,9 @@ system nvcc, then times by CUDA-graph replay, medians of CUDA events:
 - ``probe1``: the same loads, waits and grid, no math: the floor of cp3's access pattern;
 - ``probe2``: cp3 without its scale loads: what the scattered 4-byte scales cost;
 - ``probe3``: cp3 with the kv heads fastest in the grid (heads of one token side by side);
+- ``probe4``, ``probe5``: probe1 and cp3 over a head-major cache [block, kv head, offset]
+  (the same bytes; a head's 16 rows of a block are 2 KiB in one piece, not 128 B pieces
+  1 KiB apart as in vLLM's [block, offset, kv head]);
 - ``decode``: partition + reduce; ``sdpa``: torch's bf16 SDPA (fastest backend).
 
 Each row: µs, GB/s of the bytes pthfa must read (int8 K and V, fp32 scales), % of the read
@@ -113,6 +116,9 @@ def time_pthfa(b: int, ctx: int, read_bw: float, sms: int,
             ("probe2: no scale loads", timed(part_fns("pthfa_probe2_cp3_bf16_d128"))[0]),
             ("probe3: kv heads fastest",
              timed(part_fns("pthfa_probe3_cp3_bf16_d128", heads_first=True))[0]),
+            ("probe4: loads only, head-major blocks",
+             timed(part_fns("pthfa_probe4_cp3_bf16_d128"))[0]),
+            ("probe5: cp3, head-major blocks", timed(part_fns("pthfa_probe5_cp3_bf16_d128"))[0]),
             ("decode (partition + reduce)", timed(x.decode_fns())[0])]
     return rows, x.case_bytes
 

@@ -179,7 +179,7 @@ def test_full_validation_runs_once_per_signature(monkeypatch: pytest.MonkeyPatch
 
     def run(**over: object) -> object:
         a = {**args, **over}
-        return L._checked(seen, counting, *(a[k] for k in order), None)
+        return L._checked(seen, counting, L._decode_key, *(a[k] for k in order), None)
 
     first = run()
     assert run() == first and len(calls) == 1  # the same signature: no second full check
@@ -208,7 +208,7 @@ def test_non_tensors_always_get_the_full_check() -> None:
     from pthfa import _launch as L
 
     with pytest.raises(TypeError):
-        L._checked({}, V.check_decode, *([object()] * 7), None)
+        L._checked({}, V.check_decode, L._decode_key, *([object()] * 7), None)
 
 
 def test_the_driver_argument_block_holds_each_value_at_its_address() -> None:
@@ -257,10 +257,13 @@ def test_argument_formats_match_the_kernels(fmt: str, kernel: str) -> None:
     assert codes == getattr(L, fmt)
 
 
-def test_plan_buckets() -> None:
+def test_plan_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
     """A plan is made per bucket of max_seq_len: never below it, at most 12.5% above, never
-    above the block tables' capacity, and few buckets over a long generation."""
+    above the block tables' capacity, and few buckets over a long generation. The plan's
+    grid, scratch and kernels follow the bucket (kernel loading needs a GPU: recorded here)."""
     from pthfa import _launch as L
+
+    monkeypatch.setattr(L, "_kernel", lambda dev, name, fmt, smem=0: (dev, name, fmt, smem))
 
     seen = set()
     for n in range(0, 40000):
@@ -273,3 +276,8 @@ def test_plan_buckets() -> None:
     p = L._DecodePlan(a, L._bucket(70, a.max_blocks * a.block_size), 32, None)
     assert p.grid == (3, KVH, S) and p.reduce_ints == (H, 32, 3)
     assert p.work_bytes == S * H * 3 * (D + 2) * 4 and p.acc_bytes == S * H * 3 * D * 4
+    part: object = p.part
+    reduce: object = p.reduce
+    assert part == (0, "pthfa_decode_cp3_bf16_d128", L.FMT_MMA,
+                      V.smem_bytes_cp(32, BS, H // KVH, D, 3))
+    assert reduce == (0, "pthfa_decode_reduce_bf16_d128", L.FMT_REDUCE, 0)

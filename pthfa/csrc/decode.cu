@@ -585,7 +585,8 @@ struct CpLayout {
 
 // P selects a measurement probe (built only with -DPTHFA_PROBES, see bench/pthfa_roofline.py);
 // 0 is the kernel itself. 1: the loads and waits only, no math; 2: no scale loads; 3: the grid
-// with kv heads fastest (blockIdx.x = kv head, blockIdx.y = partition).
+// with kv heads fastest (blockIdx.x = kv head, blockIdx.y = partition); 4: as 1 and 5: as 0,
+// over a head-major cache [block, kv head, offset] (same bytes, a head's rows contiguous).
 template <typename T, int D, int S, int P = 0>
 __device__ __forceinline__ void decode_cp_impl(
     const T* __restrict__ q, const int8_t* __restrict__ k_cache,
@@ -641,11 +642,17 @@ __device__ __forceinline__ void decode_cp_impl(
   char* wring = ring + warp * (S * L::STAGE);
   const uint32_t wring_s = smem_u32(wring);
 
+  // a row's index: [block, offset, kv head] (vLLM's layout); the probes P >= 4 read the
+  // head-major layout [block, kv head, offset] instead, a head's rows of a block contiguous
+  constexpr bool kHeadMajor = P >= 4;
   auto row_of = [&](int tl) -> long long {
     const int c = min(tl, n - 1);
-    return (((long long)bt_s[c >> block_shift] << block_shift) | ((t0 + c) & block_mask)) *
-               nkvh + kvh;
+    const long long blk = bt_s[c >> block_shift];
+    const int off = (t0 + c) & block_mask;
+    if constexpr (kHeadMajor) return ((blk * nkvh + kvh) << block_shift) | off;
+    return ((blk << block_shift) | off) * nkvh + kvh;
   };
+  const long long rstride = kHeadMajor ? 1 : nkvh;  // between consecutive tokens of a block
   auto issue = [&](int it, int slot) {
     const int b16 = it * 16;
     const uint32_t sb = wring_s + slot * L::STAGE;
@@ -655,13 +662,13 @@ __device__ __forceinline__ void decode_cp_impl(
       const int c = lane + 32 * k;
       const int r = c / CPR;
       const int col = c % CPR;
-      const long long sr = fast ? row0 + r * nkvh : row_of(b16 + r);
+      const long long sr = fast ? row0 + r * rstride : row_of(b16 + r);
       cp_async16(sb + r * L::RS + col * 16, k_cache + sr * D + col * 16);
       cp_async16(sb + L::VOFF + r * L::RS + col * 16, v_cache + sr * D + col * 16);
     }
     if constexpr (P != 2) {
       const int r = lane & 15;
-      const long long sr = fast ? row0 + r * nkvh : row_of(b16 + r);
+      const long long sr = fast ? row0 + r * rstride : row_of(b16 + r);
       if (lane < 16) {
         cp_async4(sb + L::SOFF + r * 4, k_scale + sr);
       } else {
@@ -720,7 +727,7 @@ __device__ __forceinline__ void decode_cp_impl(
     const char* sb = wring + slot * L::STAGE;
     slot = slot + 1 == S ? 0 : slot + 1;
     const int base = (warp + kWarps * i) * 16;
-    if constexpr (P == 1) {
+    if constexpr (P == 1 || P == 4) {
       __syncwarp();
       continue;
     }
@@ -955,6 +962,8 @@ PTHFA_ALL_G(fp16, __half, 256)
 PTHFA_PROBE(1)
 PTHFA_PROBE(2)
 PTHFA_PROBE(3)
+PTHFA_PROBE(4)
+PTHFA_PROBE(5)
 
 // The read ceiling: every byte of [p, p + 16 n) read once, 16 bytes per load, grid-stride.
 extern "C" __global__ void pthfa_probe_read(const int4* __restrict__ p, long long n,

@@ -152,34 +152,49 @@ class _ArgBlock:
 
 
 class _Driver:
-    """``cuLaunchKernel`` from the driver library that torch and CuPy already loaded,
-    through ctypes: no numpy scalars, no per-call type wrapping."""
+    """``cuLaunchKernel`` with a prepacked argument block: CuPy's own binding of it (typed
+    Cython: no per-argument wrapping), else the driver library through ctypes. Either raises
+    on a failed launch."""
 
     def __init__(self) -> None:
+        launch = None
+        try:
+            from cupy.cuda import driver
+
+            launch = getattr(driver, "launchKernel", None)
+        except ImportError:
+            pass
+        self.launch = launch or self._ctypes_launch()
+
+    @staticmethod
+    def _ctypes_launch() -> Any:
         import ctypes
 
-        lib = ctypes.CDLL("libcuda.so.1")
-        u = ctypes.c_uint
-        p = ctypes.c_void_p
-        self.launch = lib.cuLaunchKernel
-        self.launch.argtypes = [p, u, u, u, u, u, u, u, p, p, p]
-        self.launch.restype = ctypes.c_int
-        self._name = lib.cuGetErrorName
-        self._name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-        self._ctypes = ctypes
+        lib = ctypes.CDLL("libcuda.so.1")  # the driver torch and CuPy already loaded
+        fn = lib.cuLaunchKernel
+        u, p = ctypes.c_uint, ctypes.c_void_p
+        fn.argtypes = [p, u, u, u, u, u, u, u, p, p, p]
+        fn.restype = ctypes.c_int
+        name = lib.cuGetErrorName
+        name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
 
-    def error(self, code: int) -> str:
-        out = self._ctypes.c_char_p()
-        self._name(code, self._ctypes.byref(out))
-        return (out.value or b"?").decode()
+        def check(code: int, _fn: Any, _args: Any) -> int:
+            if code:
+                out = ctypes.c_char_p()
+                name(code, ctypes.byref(out))
+                raise RuntimeError(f"cuLaunchKernel failed: {(out.value or b'?').decode()}")
+            return code
+
+        fn.errcheck = check  # type: ignore[assignment]
+        return fn
 
 
 _DRIVER: list[_Driver | None] = []
 
 
 def _driver() -> _Driver | None:
-    """The driver's launch, unless ``PTHFA_LAUNCH=cupy`` or libcuda cannot be opened; None
-    sends every launch through CuPy."""
+    """The driver's launch, unless ``PTHFA_LAUNCH=cupy`` or no binding can be had; None sends
+    every launch through CuPy's kernel call."""
     if not _DRIVER:
         drv = None
         if knobs().launch != "cupy":
@@ -217,58 +232,53 @@ class _Kernel:
                     self.raw.max_dynamic_shared_size_bytes, nbytes)
             self.smem = nbytes
 
+    def run(self, t: _Torch, stream: int, grid: tuple[int, int, int],
+            block: tuple[int, int, int], args: tuple[Any, ...], shared_mem: int) -> None:
+        """Launch on ``stream`` of this kernel's device. The hot path is one
+        ``struct.pack_into`` and one ``cuLaunchKernel``; CuPy's kernel call (numpy scalars,
+        and its device and stream context managers where the current device is another
+        one) is the fallback."""
+        drv = _DRIVER[0] if _DRIVER else _driver()
+        if drv is not None and t.device() == self.device:
+            blk = self.blocks.get(threading.get_ident())
+            if blk is None:
+                blk = self.blocks[threading.get_ident()] = _ArgBlock(self.fmt)
+            blk.pack(*args)
+            drv.launch(self.fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                       shared_mem, stream, blk.address, 0)
+            return
+        import cupy
+        import numpy as np
+
+        kinds = {"Q": np.uint64, "i": np.int32, "q": np.int64, "f": np.float32}
+        typed = tuple(kinds[c](a) for c, a in zip(self.fmt, args, strict=True))
+        if cupy.cuda.runtime.getDevice() == self.device:
+            self.raw.kernel(grid, block, typed, shared_mem, _cupy_stream(self.device, stream))
+            return
+        with cupy.cuda.Device(self.device), _cupy_stream(self.device, stream):
+            self.raw(grid, block, typed, shared_mem=shared_mem)
+
 
 _KERNELS: dict[tuple[int, str], _Kernel] = {}
 
 
-def _kernel(device: int, name: str, fmt: str) -> _Kernel:
+def _kernel(device: int, name: str, fmt: str, shared_mem: int = 0) -> _Kernel:
+    """The loaded kernel ``name`` of ``device``, its dynamic shared memory allowed up to
+    ``shared_mem``."""
     k = _KERNELS.get((device, name))
     if k is None:
         k = _KERNELS[(device, name)] = _Kernel(device, name, fmt)
+    k.allow_smem(shared_mem)
     return k
 
 
 def _launch(device: int, name: str, fmt: str, grid: tuple[int, int, int],
             block: tuple[int, int, int], args: tuple[Any, ...], shared_mem: int = 0) -> None:
-    """Launch ``name`` on torch's current stream of ``device``.
-
-    The hot path is one ``struct.pack_into`` and one ``cuLaunchKernel``; CuPy's launch (with
-    numpy scalars, and its device and stream context managers where the current device is
-    another one) is the fallback.
-    """
-    k = _KERNELS.get((device, name)) or _kernel(device, name, fmt)
-    if shared_mem > k.smem:
-        k.allow_smem(shared_mem)
+    """Launch ``name`` on torch's current stream of ``device`` (for benchmarks and probes;
+    decode and quantize_kv keep their kernels in their plans)."""
     t = _T[0] if _T else _torch()
-    stream = t.stream(device)
-    drv = _DRIVER[0] if _DRIVER else _driver()
-    if drv is not None and t.device() == device:
-        tid = threading.get_ident()
-        blk = k.blocks.get(tid)
-        if blk is None:
-            blk = k.blocks[tid] = _ArgBlock(fmt)
-        blk.pack(*args)
-        err = drv.launch(k.fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
-                         shared_mem, stream, blk.address, None)
-        if err:
-            raise RuntimeError(f"pthfa: launching {name} failed: {drv.error(err)}")
-        return
-    _launch_cupy(device, k, grid, block, args, shared_mem, stream)
-
-
-def _launch_cupy(device: int, k: _Kernel, grid: tuple[int, int, int],
-                 block: tuple[int, int, int], args: tuple[Any, ...], shared_mem: int,
-                 stream: int) -> None:
-    import cupy
-    import numpy as np
-
-    kinds = {"Q": np.uint64, "i": np.int32, "q": np.int64, "f": np.float32}
-    typed = tuple(kinds[c](a) for c, a in zip(k.fmt, args, strict=True))
-    if cupy.cuda.runtime.getDevice() == device:
-        k.raw.kernel(grid, block, typed, shared_mem, _cupy_stream(device, stream))
-        return
-    with cupy.cuda.Device(device), _cupy_stream(device, stream):
-        k.raw(grid, block, typed, shared_mem=shared_mem)
+    _kernel(device, name, fmt, shared_mem).run(t, t.stream(device), grid, block, args,
+                                               shared_mem)
 
 
 # Per (device, stream): the scratch of the partial results, reused by every eager decode on
@@ -412,20 +422,42 @@ _DECODE_OK: dict[tuple[Any, ...], _Signature] = {}
 _QUANTIZE_OK: dict[tuple[Any, ...], _Signature] = {}
 
 
-def _checked(seen: dict[tuple[Any, ...], _Signature], check: Any, *tensors: Any) -> _Signature:
-    """``check(*tensors)``, the full validation, once per signature (every tensor's shape,
-    strides, dtype and device): a later call with the same signature passes what the full
-    check passed, in O(1) per tensor. ``PTHFA_VALIDATE=always`` checks every call."""
+def _decode_key(q: Any, kc: Any, vc: Any, ks: Any, vs: Any, bt: Any, sl: Any,
+                out: Any) -> tuple[Any, ...]:
+    """decode's signature: every tensor's shape, strides, dtype and device, in one flat tuple
+    (flat: the cheapest form to build and hash)."""
+    return (q.shape, q.stride(), q.dtype, q.get_device(), kc.shape, kc.stride(), kc.dtype,
+            kc.get_device(), vc.shape, vc.stride(), vc.dtype, vc.get_device(), ks.shape,
+            ks.stride(), ks.dtype, ks.get_device(), vs.shape, vs.stride(), vs.dtype,
+            vs.get_device(), bt.shape, bt.stride(), bt.dtype, bt.get_device(), sl.shape,
+            sl.stride(), sl.dtype, sl.get_device(),
+            None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()))
+
+
+def _quantize_key(k: Any, v: Any, kc: Any, vc: Any, ks: Any, vs: Any,
+                  sm: Any) -> tuple[Any, ...]:
+    """quantize_kv's signature, as :func:`_decode_key`."""
+    return (k.shape, k.stride(), k.dtype, k.get_device(), v.shape, v.stride(), v.dtype,
+            v.get_device(), kc.shape, kc.stride(), kc.dtype, kc.get_device(), vc.shape,
+            vc.stride(), vc.dtype, vc.get_device(), ks.shape, ks.stride(), ks.dtype,
+            ks.get_device(), vs.shape, vs.stride(), vs.dtype, vs.get_device(), sm.shape,
+            sm.stride(), sm.dtype, sm.get_device())
+
+
+def _checked(seen: dict[tuple[Any, ...], _Signature], check: Any, key: Any,
+             *tensors: Any) -> _Signature:
+    """``check(*tensors)``, the full validation, once per signature ``key(*tensors)``: a
+    later call with the same signature passes what the full check passed, in O(1) per
+    tensor. ``PTHFA_VALIDATE=always`` checks every call."""
     try:
-        key = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
-                    for t in tensors)
-        got = seen.get(key)
+        sig = key(*tensors)
+        got = seen.get(sig)
     except (AttributeError, TypeError):  # not tensors: the full check names what is wrong
         return _Signature(check(*tensors))
     if got is None:
         got = _Signature(check(*tensors))
         if len(seen) < 4096:
-            seen[key] = got
+            seen[sig] = got
     elif (_KNOBS[0] if _KNOBS else knobs()).validate:
         check(*tensors)
     return got
@@ -439,21 +471,23 @@ def quantize_kv(key: Any, value: Any, k_cache: Any, v_cache: Any, k_scale: Any, 
     caches [num_blocks, block_size, kv_heads, head_dim] int8 gets token i, and the scales
     [num_blocks, block_size, kv_heads] fp32 get absmax / 127 of each (token, head) row.
     """
-    sig = _checked(_QUANTIZE_OK, V.check_quantize, key, value, k_cache, v_cache, k_scale,
-                   v_scale, slot_mapping)
+    sig = _checked(_QUANTIZE_OK, V.check_quantize, _quantize_key, key, value, k_cache, v_cache,
+                   k_scale, v_scale, slot_mapping)
     p = sig.plans.get(())
     if p is None:
         a = sig.args
         warps = 2 * a.num_tokens * a.num_kv_heads
-        p = sig.plans[()] = (
-            a.num_tokens == 0, a.device, f"pthfa_quantize_{a.dtype}_d{a.head_dim}",
-            (max(1, math.ceil(warps / V.WARPS)), 1, 1),
-            (a.num_tokens, a.num_kv_heads, *a.key_strides, *a.value_strides))
-    if p[0]:
+        kernel = (_kernel(a.device, f"pthfa_quantize_{a.dtype}_d{a.head_dim}", FMT_QUANTIZE)
+                  if a.num_tokens else None)
+        p = sig.plans[()] = (kernel, (max(1, math.ceil(warps / V.WARPS)), 1, 1),
+                             (a.num_tokens, a.num_kv_heads, *a.key_strides, *a.value_strides))
+    kernel = p[0]
+    if kernel is None:
         return
-    _launch(p[1], p[2], FMT_QUANTIZE, p[3], (V.THREADS, 1, 1), (
+    t = _T[0] if _T else _torch()
+    kernel.run(t, t.stream(kernel.device), p[1], _THREADS3, (
         key.data_ptr(), value.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-        k_scale.data_ptr(), v_scale.data_ptr(), slot_mapping.data_ptr(), *p[4]))
+        k_scale.data_ptr(), v_scale.data_ptr(), slot_mapping.data_ptr(), *p[2]), 0)
 
 
 def _bucket(n: int, cap: int) -> int:
@@ -468,8 +502,8 @@ def _bucket(n: int, cap: int) -> int:
 
 
 class _DecodePlan:
-    """Everything ``decode`` derives from a signature and its scalar arguments: the kernels,
-    grids, shared memory, scratch layout and the integer arguments."""
+    """Everything ``decode`` derives from a signature and its scalar arguments: the loaded
+    kernels, grids, shared memory, scratch layout and the integer arguments."""
 
     __slots__ = (
         "acc_bytes",
@@ -514,12 +548,12 @@ class _DecodePlan:
         self.part_ints: tuple[Any, ...]
         self.grid = (max_parts, a.num_kv_heads, a.num_seqs)
         if impl == "simt":
-            self.part = f"pthfa_decode_part_{a.dtype}_d{a.head_dim}_g{a.gqa}"
+            name = f"pthfa_decode_part_{a.dtype}_d{a.head_dim}_g{a.gqa}"
             self.fmt = FMT_PART
             self.part_ints = (a.num_kv_heads, block_shift, part_size, max_parts, scale_log2)
             self.smem = V.smem_bytes(part_size, a.block_size, a.gqa, a.head_dim)
         else:
-            self.part = f"pthfa_decode_{impl}_{a.dtype}_d{a.head_dim}"
+            name = f"pthfa_decode_{impl}_{a.dtype}_d{a.head_dim}"
             self.fmt = FMT_MMA
             self.part_ints = (a.num_kv_heads, a.gqa, block_shift, part_size, max_parts,
                               scale_log2)
@@ -527,7 +561,9 @@ class _DecodePlan:
                                          int(impl[2:]))
                          if impl.startswith("cp") else
                          V.smem_bytes_mma(part_size, a.block_size, a.gqa, a.head_dim))
-        self.reduce = f"pthfa_decode_reduce_{a.dtype}_d{a.head_dim}"
+        self.part = _kernel(a.device, name, self.fmt, self.smem)
+        self.reduce = _kernel(a.device, f"pthfa_decode_reduce_{a.dtype}_d{a.head_dim}",
+                              FMT_REDUCE)
         self.reduce_grid = (a.num_heads, a.num_seqs, 1)
         self.reduce_block = (a.head_dim, 1, 1)
         self.reduce_ints = (a.num_heads, part_size, max_parts)
@@ -549,8 +585,8 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
     A repeat call with the same signature and scalars costs a dictionary lookup, the
     pointers, and two driver launches: the checks and the plan are remembered.
     """
-    sig = _checked(_DECODE_OK, V.check_decode, query, k_cache, v_cache, k_scale, v_scale,
-                   block_tables, seq_lens, out)
+    sig = _checked(_DECODE_OK, V.check_decode, _decode_key, query, k_cache, v_cache, k_scale,
+                   v_scale, block_tables, seq_lens, out)
     a = sig.args
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max().item()) if a.num_seqs else 0
@@ -571,15 +607,15 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
         out = t.empty_like(query)
     if p.empty:
         return out
-    dev = p.device
-    work, _owner = _workspace(t, dev, t.stream(dev), p.work_bytes)
+    stream = t.stream(p.device)
+    work, _owner = _workspace(t, p.device, stream, p.work_bytes)
     part_ml = work + p.acc_bytes
     seq_ptr = seq_lens.data_ptr()
     if max_seq_len > 0:
-        _launch(dev, p.part, p.fmt, p.grid, _THREADS3, (
+        p.part.run(t, stream, p.grid, _THREADS3, (
             query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_scale.data_ptr(),
-            v_scale.data_ptr(), block_tables.data_ptr(), sig.args.bt_stride, seq_ptr, part_ml,
-            work, *p.part_ints), shared_mem=p.smem)
-    _launch(dev, p.reduce, FMT_REDUCE, p.reduce_grid, p.reduce_block,
-            (part_ml, work, seq_ptr, out.data_ptr(), *p.reduce_ints))
+            v_scale.data_ptr(), block_tables.data_ptr(), a.bt_stride, seq_ptr, part_ml,
+            work, *p.part_ints), p.smem)
+    p.reduce.run(t, stream, p.reduce_grid, p.reduce_block,
+                 (part_ml, work, seq_ptr, out.data_ptr(), *p.reduce_ints), 0)
     return out
