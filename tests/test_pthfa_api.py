@@ -234,6 +234,15 @@ def test_the_driver_argument_block_holds_each_value_at_its_address() -> None:
 
     with pytest.raises(struct.error):  # an int32 argument out of range never wraps
         blk.pack(1, 2**31, 0.25, 3, 4, 5)
+    # a fixed tail written once; each call packs only the head, the tail stays
+    fixed = L._ArgBlock("QQiqf", tail=(-7, 2**40, 0.5))
+    fixed.pack_head(11, 12)
+    fixed.pack_head(21, 22)
+    at = list((ctypes.c_uint64 * 5).from_address(fixed.address))
+    assert [ctypes.c_uint64.from_address(x).value for x in at[:2]] == [21, 22]
+    assert ctypes.c_int32.from_address(at[2]).value == -7
+    assert ctypes.c_int64.from_address(at[3]).value == 2**40
+    assert ctypes.c_float.from_address(at[4]).value == 0.5
 
 
 @pytest.mark.parametrize("fmt,kernel", [

@@ -132,11 +132,15 @@ class _ArgBlock:
     """One kernel's argument block for the driver's launch: a buffer that holds every
     argument at its natural alignment, and the array of their addresses that
     ``cuLaunchKernel`` reads. Filling it is one ``struct.pack_into``; the driver copies the
-    values at the launch, so the block is reused (one per kernel and thread)."""
+    values at the launch, so the block is reused (one per kernel and thread).
 
-    __slots__ = ("address", "buf", "pack", "params")
+    With ``tail`` (the last arguments, fixed for a plan) written once, ``pack_head`` fills
+    only the leading arguments that change from call to call: a prefix of a natively
+    aligned layout has the same offsets as the whole."""
 
-    def __init__(self, fmt: str) -> None:
+    __slots__ = ("address", "buf", "pack", "pack_head", "params")
+
+    def __init__(self, fmt: str, tail: tuple[Any, ...] = ()) -> None:
         import ctypes
         import functools
         import struct
@@ -149,6 +153,11 @@ class _ArgBlock:
         self.params = (ctypes.c_void_p * len(fmt))(*(base + o for o in offsets))
         self.address = ctypes.addressof(self.params)
         self.pack = functools.partial(layout.pack_into, self.buf, 0)
+        head = len(fmt) - len(tail)
+        if tail:
+            self.pack(*([0] * head), *tail)
+        self.pack_head = functools.partial(struct.Struct("@" + fmt[:head]).pack_into,
+                                           self.buf, 0)
 
 
 class _Driver:
@@ -283,7 +292,7 @@ def _launch(device: int, name: str, fmt: str, grid: tuple[int, int, int],
 
 # Per (device, stream): the scratch of the partial results, reused by every eager decode on
 # that stream (stream order keeps one call's reduce before the next call's partition kernel).
-_WORK: dict[tuple[int, int], Any] = {}
+_WORK: dict[tuple[int, int], tuple[int, int, Any]] = {}  # (address, bytes, tensor)
 
 
 def _workspace(t: _Torch, device: int, stream: int, nbytes: int) -> tuple[int, Any]:
@@ -294,10 +303,12 @@ def _workspace(t: _Torch, device: int, stream: int, nbytes: int) -> tuple[int, A
     if t.capturing():
         buf = t.empty(nbytes, dtype=t.uint8, device=device)
         return buf.data_ptr(), buf
-    key = (device, stream)
-    buf = _WORK.get(key)
-    if buf is None or buf.numel() < nbytes:
-        buf = _WORK[key] = t.empty(max(nbytes, 1 << 16), dtype=t.uint8, device=device)
+    got = _WORK.get((device, stream))
+    if got is not None and got[1] >= nbytes:
+        return got[0], got[2]
+    size = max(nbytes, 1 << 16)
+    buf = t.empty(size, dtype=t.uint8, device=device)
+    _WORK[(device, stream)] = (buf.data_ptr(), size, buf)
     return buf.data_ptr(), buf
 
 
@@ -480,14 +491,27 @@ def quantize_kv(key: Any, value: Any, k_cache: Any, v_cache: Any, k_scale: Any, 
         kernel = (_kernel(a.device, f"pthfa_quantize_{a.dtype}_d{a.head_dim}", FMT_QUANTIZE)
                   if a.num_tokens else None)
         p = sig.plans[()] = (kernel, (max(1, math.ceil(warps / V.WARPS)), 1, 1),
-                             (a.num_tokens, a.num_kv_heads, *a.key_strides, *a.value_strides))
-    kernel = p[0]
+                             (a.num_tokens, a.num_kv_heads, *a.key_strides, *a.value_strides),
+                             {})
+    kernel, grid, ints = p[0], p[1], p[2]
+    blocks: dict[int, _ArgBlock] = p[3]
     if kernel is None:
         return
     t = _T[0] if _T else _torch()
-    kernel.run(t, t.stream(kernel.device), p[1], _THREADS3, (
+    stream = t.stream(kernel.device)
+    drv = _DRIVER[0] if _DRIVER else _driver()
+    if drv is not None and t.device() == kernel.device:  # the hot path
+        tid = threading.get_ident()
+        blk = blocks.get(tid)
+        if blk is None:
+            blk = blocks[tid] = _ArgBlock(FMT_QUANTIZE, ints)
+        blk.pack_head(key.data_ptr(), value.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                      k_scale.data_ptr(), v_scale.data_ptr(), slot_mapping.data_ptr())
+        drv.launch(kernel.fn, grid[0], 1, 1, V.THREADS, 1, 1, 0, stream, blk.address, 0)
+        return
+    kernel.run(t, stream, grid, _THREADS3, (
         key.data_ptr(), value.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-        k_scale.data_ptr(), v_scale.data_ptr(), slot_mapping.data_ptr(), *p[2]), 0)
+        k_scale.data_ptr(), v_scale.data_ptr(), slot_mapping.data_ptr(), *ints), 0)
 
 
 def _bucket(n: int, cap: int) -> int:
@@ -507,6 +531,7 @@ class _DecodePlan:
 
     __slots__ = (
         "acc_bytes",
+        "blocks",
         "device",
         "empty",
         "fmt",
@@ -529,6 +554,7 @@ class _DecodePlan:
         if not isinstance(sm_scale, (int, float)) or isinstance(sm_scale, bool):
             raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
         self.device = a.device
+        self.blocks: dict[int, tuple[_ArgBlock, _ArgBlock]] = {}
         self.empty = a.num_seqs == 0 or a.num_heads == 0
         if self.empty:
             return
@@ -569,6 +595,16 @@ class _DecodePlan:
         self.reduce_ints = (a.num_heads, part_size, max_parts)
 
 
+    def thread_blocks(self) -> tuple[_ArgBlock, _ArgBlock]:
+        """This thread's argument blocks of the two kernels, their fixed tails written."""
+        tid = threading.get_ident()
+        got = self.blocks.get(tid)
+        if got is None:
+            got = self.blocks[tid] = (_ArgBlock(self.fmt, self.part_ints),
+                                      _ArgBlock(FMT_REDUCE, self.reduce_ints))
+        return got
+
+
 _THREADS3 = (V.THREADS, 1, 1)
 
 
@@ -607,10 +643,26 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
         out = t.empty_like(query)
     if p.empty:
         return out
-    stream = t.stream(p.device)
-    work, _owner = _workspace(t, p.device, stream, p.work_bytes)
+    dev = p.device
+    stream = t.stream(dev)
+    work, _owner = _workspace(t, dev, stream, p.work_bytes)
     part_ml = work + p.acc_bytes
     seq_ptr = seq_lens.data_ptr()
+    drv = _DRIVER[0] if _DRIVER else _driver()
+    if drv is not None and t.device() == dev:  # the hot path: two prepacked driver launches
+        blocks = p.blocks.get(threading.get_ident()) or p.thread_blocks()
+        if max_seq_len > 0:
+            blocks[0].pack_head(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                                k_scale.data_ptr(), v_scale.data_ptr(),
+                                block_tables.data_ptr(), a.bt_stride, seq_ptr, part_ml, work)
+            g = p.grid
+            drv.launch(p.part.fn, g[0], g[1], g[2], V.THREADS, 1, 1, p.smem, stream,
+                       blocks[0].address, 0)
+        blocks[1].pack_head(part_ml, work, seq_ptr, out.data_ptr())
+        g = p.reduce_grid
+        drv.launch(p.reduce.fn, g[0], g[1], g[2], a.head_dim, 1, 1, 0, stream,
+                   blocks[1].address, 0)
+        return out
     if max_seq_len > 0:
         p.part.run(t, stream, p.grid, _THREADS3, (
             query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_scale.data_ptr(),
