@@ -30,6 +30,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from ._helpers import (
     LooseAutoStub,
@@ -109,10 +110,11 @@ class _Steps:
     (_update_after_schedule, as schedule() ends) and its model output handed to
     update_from_output, as EngineCore.step does."""
 
-    def __init__(self, v: SimpleNamespace, progress: bool) -> None:
+    def __init__(self, v: SimpleNamespace, progress: bool, params: Any = None) -> None:
         self.v = v
-        self.request = v.request.Request("r1", list(range(PROMPT)), _params(v, progress),
-                                         None, arrival_time=time.time())
+        self.request = v.request.Request(
+            "r1", list(range(PROMPT)), params or _params(v, progress), None,
+            arrival_time=time.time())
         sched = v.scheduler.Scheduler.__new__(v.scheduler.Scheduler)
         sched.__dict__.update(
             requests={"r1": self.request}, running=[self.request], defer_block_free=False,
@@ -207,19 +209,21 @@ def _check_recompute_silent(tree: Path) -> None:
     assert run.step(30, None) == []
 
 
+def _check_scheduler_off(tree: Path) -> None:
+    # Without return_progress the scheduler sends nothing extra.
+    steps = _Steps(_vllm(tree), progress=False).prefill()
+    assert [[o.new_token_ids for o in s] for s in steps] == [[], [], [[7]], [[8]]]
+
+
 def test_patched_scheduler_reports_prefill_progress(patched_vllm: Path) -> None:
     _check_scheduler(patched_vllm)
     _check_scheduler_async(patched_vllm)
     _check_recompute_silent(patched_vllm)
-
-
-def test_patched_scheduler_sends_nothing_extra_when_off(patched_vllm: Path) -> None:
-    v = _vllm(patched_vllm)
-    steps = _Steps(v, progress=False).prefill()
-    assert [[o.new_token_ids for o in s] for s in steps] == [[], [], [[7]], [[8]]]
+    _check_scheduler_off(patched_vllm)
 
 
 def test_pristine_scheduler_reports_no_progress(pristine_vllm: Path) -> None:
+    _check_scheduler_off(pristine_vllm)
     assert_pristine_lacks(lambda: _check_scheduler(pristine_vllm))
 
 
@@ -229,10 +233,11 @@ def test_pristine_scheduler_reports_no_progress(pristine_vllm: Path) -> None:
 class _Frontend:
     """The real OutputProcessor with one request, fed the scheduler's outputs."""
 
-    def __init__(self, v: SimpleNamespace, *, stream: bool = True, n: int = 1) -> None:
+    def __init__(self, v: SimpleNamespace, *, stream: bool = True, n: int = 1,
+                 params: Any = None) -> None:
         self.v = v
         kind = v.sp.RequestOutputKind.DELTA if stream else v.sp.RequestOutputKind.FINAL_ONLY
-        params = _params(v, True, n=n, output_kind=kind)
+        params = params or _params(v, True, n=n, output_kind=kind)
         self.arrival = time.time()
         self.processor = v.processor.OutputProcessor(None, log_stats=True)
         self.queue = v.processor.RequestOutputCollector(kind, "ext-1")
@@ -309,6 +314,10 @@ def test_patched_output_processor_carries_progress(patched_vllm: Path) -> None:
     _check_output_processor_quiet(patched_vllm)
 
 
+def test_pristine_output_processor_carries_no_progress(pristine_vllm: Path) -> None:
+    assert_pristine_lacks(lambda: _check_output_processor(pristine_vllm))
+
+
 # --- the requests -------------------------------------------------------------------------
 
 
@@ -325,17 +334,26 @@ def _request_fields(stream: bool, progress: bool) -> SimpleNamespace:
         top_logprobs=0, vllm_xargs=None, watermarking=None, return_progress=progress)
 
 
-def _check_requests(tree: Path) -> None:
+CHAT_PROTOCOL = ("entrypoints/openai/chat_completion/protocol.py",
+                 "ChatCompletionRequest.to_sampling_params")
+COMPLETION_PROTOCOL = ("entrypoints/openai/completion/protocol.py",
+                       "CompletionRequest.to_sampling_params")
+
+
+def _to_params(tree: Path, where: tuple[str, str]) -> Any:
+    """The request's own to_sampling_params, over the tree's real SamplingParams."""
     v = _vllm(tree)
-    assert v.sp.SamplingParams().return_progress is False
     namespace = {"SamplingParams": v.sp.SamplingParams,
                  "RequestOutputKind": v.sp.RequestOutputKind, "Any": Any}
-    for rel, qualname in (
-            ("entrypoints/openai/chat_completion/protocol.py",
-             "ChatCompletionRequest.to_sampling_params"),
-            ("entrypoints/openai/completion/protocol.py",
-             "CompletionRequest.to_sampling_params")):
-        to_params = exec_function(tree / rel, qualname, namespace)
+    return exec_function(tree / where[0], where[1], namespace)
+
+
+def _check_requests(tree: Path) -> None:
+    v = _vllm(tree)
+    assert getattr(v.sp.SamplingParams(), "return_progress", None) is False
+    for where in (CHAT_PROTOCOL, COMPLETION_PROTOCOL):
+        qualname = where[1]
+        to_params = _to_params(tree, where)
         seen = {}
         for stream in (True, False):
             for progress in (True, False):
@@ -348,6 +366,10 @@ def _check_requests(tree: Path) -> None:
 
 def test_patched_requests_opt_in(patched_vllm: Path) -> None:
     _check_requests(patched_vllm)
+
+
+def test_pristine_requests_have_no_opt_in(pristine_vllm: Path) -> None:
+    assert_pristine_lacks(lambda: _check_requests(pristine_vllm))
 
 
 # --- the streaming generators -------------------------------------------------------------
@@ -363,6 +385,8 @@ class _Model:
         def conv(v: Any) -> Any:
             if isinstance(v, _Model):
                 return v._dump(exclude_none)
+            if isinstance(v, BaseModel):
+                return v.model_dump(exclude_none=exclude_none)
             if isinstance(v, list):
                 return [conv(x) for x in v]
             return v
@@ -382,7 +406,11 @@ class GenerationError(Exception):
 
 
 def _serving_modules(tree: Path) -> dict[str, ModuleType]:
-    """The modules both serving files import, with the response models as stand-ins."""
+    """The modules both serving files import: vLLM's own usage and progress models
+    (pydantic), the response models as stand-ins."""
+    engine_protocol = load_with_auto_stubs(
+        tree / "entrypoints/serve/engine/protocol.py",
+        {"vllm.utils": make_module("vllm.utils", random_uuid=lambda: "0")})
     api_utils = load_with_auto_stubs(tree / "entrypoints/serve/utils/api_utils.py", {
         "vllm.logger": make_module("vllm.logger", init_logger=logging.getLogger,
                                    current_formatter_type=lambda: None)})
@@ -413,10 +441,7 @@ def _serving_modules(tree: Path) -> dict[str, ModuleType]:
             **_models("CompletionLogProbs", "CompletionRequest", "CompletionResponse",
                       "CompletionResponseChoice", "CompletionResponseStreamChoice",
                       "CompletionStreamResponse")),
-        "vllm.entrypoints.serve.engine.protocol": make_module(
-            "vllm.entrypoints.serve.engine.protocol",
-            **_models("CompletionTokenUsageInfo", "ErrorResponse", "PromptProgressInfo",
-                      "PromptTokenUsageInfo", "UsageInfo")),
+        "vllm.entrypoints.serve.engine.protocol": engine_protocol,
         "vllm.entrypoints.serve.utils.api_utils": api_utils,
         "vllm.entrypoints.serve.utils.tool_calls_utils": make_module(
             "vllm.entrypoints.serve.utils.tool_calls_utils",
@@ -451,12 +476,19 @@ def _engine_outputs(progress: bool) -> list[Any]:
 
 
 def _collect(lines: AsyncIterator[str]) -> list[Any]:
+    """The SSE payloads, parsed; the chunks' ``created`` second (the clock's) left out,
+    so two runs compare equal."""
     async def run() -> list[Any]:
         out = []
         async for line in lines:
             assert line.startswith("data: ") and line.endswith("\n\n"), line
             payload = line[len("data: "):].strip()
-            out.append(payload if payload == "[DONE]" else json.loads(payload))
+            if payload == "[DONE]":
+                out.append(payload)
+                continue
+            chunk = json.loads(payload)
+            assert isinstance(chunk.pop("created"), int)
+            out.append(chunk)
         return out
     return asyncio.run(run())
 
@@ -466,6 +498,14 @@ def _unexpected_error(e: Exception) -> str:
 
 
 def _chat(tree: Path, asked: bool, engine_sends: bool) -> list[Any]:
+    async def engine() -> AsyncIterator[Any]:
+        for res in _engine_outputs(engine_sends):
+            yield res
+
+    return _chat_over(tree, asked, engine())
+
+
+def _chat_over(tree: Path, asked: bool, engine: AsyncIterator[Any]) -> list[Any]:
     module = load_with_auto_stubs(tree / "entrypoints/openai/chat_completion/serving.py",
                                   _serving_modules(tree))
     serving = module.OpenAIServingChat.__new__(module.OpenAIServingChat)
@@ -481,13 +521,8 @@ def _chat(tree: Path, asked: bool, engine_sends: bool) -> list[Any]:
         n=1, tool_choice="auto", echo=False, logprobs=False, include_reasoning=True,
         return_token_ids=False, return_prompt_text=False, return_progress=asked,
         stream_options=SimpleNamespace(include_usage=True, continuous_usage_stats=False))
-
-    async def engine() -> AsyncIterator[Any]:
-        for res in _engine_outputs(engine_sends):
-            yield res
-
     return _collect(serving.chat_completion_stream_generator(
-        request, engine(), "req-1", "qwen", [], object(), SimpleNamespace()))
+        request, engine, "req-1", "qwen", [], object(), SimpleNamespace()))
 
 
 def _completion(tree: Path, asked: bool, engine_sends: bool) -> list[Any]:
@@ -562,6 +597,44 @@ def test_patched_completion_stream_sends_progress_before_first_token(
     _check_not_asked(patched_vllm, _completion)
 
 
-def test_pristine_streams_send_no_progress(pristine_vllm: Path) -> None:
+def _pipeline(tree: Path, asked: bool) -> list[Any]:
+    """A streaming chat request end to end: its to_sampling_params, the scheduler through
+    the chunked prefill, the output processor (its collector drained after each step, as
+    the generate() task would be), then the chat streaming generator."""
+    v = _vllm(tree)
+    fields = _request_fields(stream=True, progress=asked)
+    fields.max_tokens = 3
+    params = _to_params(tree, CHAT_PROTOCOL)(fields, 3, {})
+    front = _Frontend(v, params=params)
+    results = []
+    for outputs in _Steps(v, asked, params=params).prefill():
+        front.feed(outputs)
+        if (out := front.queue.get_nowait()) is not None:
+            results.append(out)
+
+    async def engine() -> AsyncIterator[Any]:
+        for res in results:
+            yield res
+
+    return _chat_over(tree, asked, engine())
+
+
+def _check_pipeline(tree: Path) -> None:
+    chunks = _pipeline(tree, asked=True)
+    progress = [c["prompt_progress"] for c in _progress_chunks(chunks)]
+    assert [(p["total"], p["cache"], p["processed"]) for p in progress] == [
+        (PROMPT, CACHED, 50), (PROMPT, CACHED, 80)], chunks
+    assert chunks[:2] == _progress_chunks(chunks)
+    assert chunks[2]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-2]["usage"]["prompt_tokens_details"]["cached_tokens"] == CACHED
+    assert chunks[2:] == _pipeline(tree, asked=False)
+
+
+def test_patched_pipeline_streams_progress(patched_vllm: Path) -> None:
+    _check_pipeline(patched_vllm)
+
+
+def test_pristine_pipeline_streams_no_progress(pristine_vllm: Path) -> None:
+    assert_pristine_lacks(lambda: _check_pipeline(pristine_vllm))
     assert_pristine_lacks(lambda: _check_chat_stream(pristine_vllm))
     assert_pristine_lacks(lambda: _check_completion_stream(pristine_vllm))
