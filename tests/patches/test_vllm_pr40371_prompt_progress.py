@@ -12,7 +12,10 @@ Each layer runs vLLM's own code on the CPU:
   RequestState, RequestOutputCollector, IterationStats, detokenizer and parallel
   sampling);
 - the real streaming generators of serving chat and completions over a fake engine
-  stream (the response models are small stand-ins that serialise what they are given).
+  stream (vLLM's own usage and progress models; the response models are small
+  stand-ins that serialise what they are given);
+- all of it chained: a chat request's to_sampling_params, the scheduler, the output
+  processor, then the chat generator.
 
 The model's forward pass is not run: update_from_output gets the sampled tokens a step
 would give. How the chunks are paced against a real GPU prefill is not tested here."""
