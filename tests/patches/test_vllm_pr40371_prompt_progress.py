@@ -26,7 +26,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -52,6 +53,7 @@ pytest.importorskip("msgspec")
 PROMPT = 100  # prompt tokens
 CACHED = 20  # of them from the prefix cache: 16 local, 4 external
 CHUNKS = (30, 30, 20)  # the chunked prefill; the last chunk samples the first token
+ARRIVAL = 1_000_000.0  # the request's arrival, wall clock
 
 
 # --- vLLM's modules, from one tree --------------------------------------------------------
@@ -241,7 +243,7 @@ class _Frontend:
         self.v = v
         kind = v.sp.RequestOutputKind.DELTA if stream else v.sp.RequestOutputKind.FINAL_ONLY
         params = params or _params(v, True, n=n, output_kind=kind)
-        self.arrival = time.time()
+        self.arrival = ARRIVAL
         self.processor = v.processor.OutputProcessor(None, log_stats=True)
         self.queue = v.processor.RequestOutputCollector(kind, "ext-1")
         request = v.engine.EngineCoreRequest(
@@ -271,17 +273,33 @@ class _Frontend:
         return self.processor.request_states[self.rid]
 
 
+@contextmanager
+def _wall_clock(v: SimpleNamespace, now: float) -> Iterator[None]:
+    """The output processor's ``time.time()`` reads ``now`` (its module's ``time``
+    swapped; the rest of the time module as it is)."""
+    module = v.processor.__dict__
+    saved = module.get("time")
+    module["time"] = SimpleNamespace(time=lambda: now, monotonic=time.monotonic)
+    try:
+        yield
+    finally:
+        if saved is None:
+            module.pop("time")
+        else:
+            module["time"] = saved
+
+
 def _check_output_processor(tree: Path) -> None:
     v = _vllm(tree)
     steps = _Steps(v, progress=True).prefill()
     front = _Frontend(v)
-    front.feed(steps[0])
+    with _wall_clock(v, ARRIVAL + 1.25):
+        front.feed(steps[0])
     out = front.queue.get_nowait()
     assert out is not None and out.outputs == [] and not out.finished
     progress = out.prompt_progress
     assert (progress.total, progress.cache, progress.processed) == (PROMPT, CACHED, 50)
-    waited_ms = int((time.time() - front.arrival) * 1000)
-    assert 0 <= progress.time_ms <= waited_ms
+    assert progress.time_ms == 1250  # the clock reads 1.25 s after arrival
     assert out.request_id == "ext-1"
     # A progress output is no first token: no TTFT, the prefill goes on.
     assert front.stats[0].time_to_first_tokens_iter == []
