@@ -43,6 +43,12 @@ EXTRA_MEMBERS: list[str] = [
     "v1/core/block_pool.py",
     "v1/core/kv_cache_utils.py",
     "v1/hisparse/layout.py",
+    "v1/metrics/stats.py",
+    "v1/request.py",
+    "v1/core/sched/utils.py",
+    "v1/engine/detokenizer.py",
+    "v1/engine/logprobs.py",
+    "v1/engine/parallel_sampling.py",
 ]
 
 

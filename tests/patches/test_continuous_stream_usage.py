@@ -94,8 +94,8 @@ def _generator_module(tree: Path) -> Any:
                   "ChatCompletionStreamResponse", "ChatMessage"))
     engine_protocol = make_module(
         "vllm.entrypoints.serve.engine.protocol",
-        **_models("CompletionTokenUsageInfo", "ErrorResponse", "PromptTokenUsageInfo",
-                  "UsageInfo"))
+        **_models("CompletionTokenUsageInfo", "ErrorResponse", "PromptProgressInfo",
+                  "PromptTokenUsageInfo", "UsageInfo"))
 
     class GenerateBaseServing:
         pass
@@ -155,7 +155,7 @@ def _stream(tree: Path, continuous: bool, include_usage: bool = True) -> list[An
             yield SimpleNamespace(
                 prompt_token_ids=PROMPT, encoder_prompt_token_ids=None,
                 num_cached_tokens=0, num_cache_creation_tokens=None, prompt=None,
-                metrics=None,
+                metrics=None, prompt_progress=None,
                 outputs=[SimpleNamespace(index=0, text=text, token_ids=[10 + step],
                                          logprobs=None, stop_reason=None,
                                          finish_reason="stop" if last else None)])
