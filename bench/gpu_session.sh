@@ -5,7 +5,8 @@
 # Nsight Compute's counters where the machine lets it read them.
 # Logs go to $OUT (or ./.devout). Run from the repo root.
 # $IMPLS: partition kernels to test (forced, one pytest pass each); $SWEEP: partition-size
-# sweeps for the benchmark (bench/pthfa_decode.py --sweep); $BENCH=0 skips the benchmarks.
+# sweeps for the benchmark (bench/pthfa_decode.py --sweep); $BENCH=0 skips the benchmarks,
+# $BENCH=host runs only the host-overhead one.
 set -uo pipefail
 OUT=${OUT:-$PWD/.devout}
 mkdir -p "$OUT"
@@ -41,8 +42,9 @@ for run in ${IMPLS//,/ } launch:cupy default:2720; do
     >>"$OUT/gpu_tests_impls.log" 2>&1
   echo "${env[*]}: $(tail -1 "$OUT/gpu_tests_impls.log")"
 done
-[ "$BENCH" = 1 ] || exit 0
+[ "$BENCH" = 0 ] && exit 0
 timeout 120 python3 bench/pthfa_host.py --calls 1000 --runs 7 --profile 2>&1 | tee "$OUT/host.log"
+[ "$BENCH" = host ] && exit 0
 timeout 300 python3 bench/pthfa_decode.py --out "$OUT/bench.md" --sweep "$SWEEP" 2>&1 \
   | tee "$OUT/bench.log"
 timeout 200 python3 bench/pthfa_roofline.py --out "$OUT/roofline.md" 2>&1 | tee "$OUT/roofline.log"
