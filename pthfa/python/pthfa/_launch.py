@@ -645,7 +645,11 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
         return out
     dev = p.device
     stream = t.stream(dev)
-    work, _owner = _workspace(t, dev, stream, p.work_bytes)
+    w = _WORK.get((dev, stream))  # the eager scratch of this stream, inline: see _workspace
+    if w is not None and w[1] >= p.work_bytes and not t.capturing():
+        work = w[0]
+    else:
+        work, _owner = _workspace(t, dev, stream, p.work_bytes)
     part_ml = work + p.acc_bytes
     seq_ptr = seq_lens.data_ptr()
     drv = _DRIVER[0] if _DRIVER else _driver()
