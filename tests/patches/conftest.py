@@ -43,6 +43,8 @@ EXTRA_MEMBERS: list[str] = [
     "v1/core/block_pool.py",
     "v1/core/kv_cache_utils.py",
     "v1/hisparse/layout.py",
+    "v1/attention/backend.py",
+    "v1/worker/utils.py",
 ]
 
 
