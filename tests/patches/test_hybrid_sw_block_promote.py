@@ -74,13 +74,15 @@ class Vllm:
         })
 
     def layer_spec(self, backend: Any, *, sliding_window: int | None, block_size: int = BLOCK,
-                   shared_page: int | None = None, num_kv_heads: int = 4) -> Any:
+                   shared_page: int | None = None, num_kv_heads: int = 4,
+                   mamba_page: int | None = None) -> Any:
         layer = SimpleNamespace(
             attn_type=self.backend.AttentionType.DECODER, kv_cache_dtype="auto",
             sliding_window=sliding_window, attn_backend=backend, num_kv_heads=num_kv_heads,
             head_size=256, head_size_v=256, kv_cache_torch_dtype=torch.bfloat16)
         config = SimpleNamespace(cache_config=SimpleNamespace(
-            block_size=block_size, skip_page_size_padded=shared_page))
+            block_size=block_size, skip_page_size_padded=shared_page,
+            mamba_page_size_padded=mamba_page))
         with stub_modules(self.stubs):
             return self.attention.Attention.get_kv_cache_spec(layer, config)
 
@@ -110,7 +112,9 @@ def _hybrid_groups(v: Vllm, draft_heads: int = 4) -> tuple[Any, Any, Any]:
     returns (the drafter's window spec as the layer gave it, the groups, the config)."""
     backend = v.fixed_backend(FLASHINFER_SIZES)
     full = v.layer_spec(backend, sliding_window=None)
-    window = v.layer_spec(backend, sliding_window=WINDOW, num_kv_heads=draft_heads)
+    # The platform pads the GDN page to the attention page and records it.
+    window = v.layer_spec(backend, sliding_window=WINDOW, num_kv_heads=draft_heads,
+                          mamba_page=full.page_size_bytes)
     gdn = v.kvi.MambaSpec(block_size=BLOCK, shapes=((3, 8192), (32, 128, 128)),
                           dtypes=(torch.bfloat16, torch.bfloat16),
                           mamba_type=v.kvi.MambaAttentionBackendEnum.GDN_ATTN,
@@ -180,6 +184,19 @@ def test_patched_half_bytes_drafter_window_scales_to_a_multiple(patched_vllm: Pa
     assert v.utils.resolve_kv_cache_block_sizes(config, vc) == (2 * BLOCK, 2 * BLOCK)
 
 
+def test_patched_double_bytes_drafter_window_keeps_upstream_block(
+        patched_vllm: Path, pristine_vllm: Path) -> None:
+    """A drafter window with twice the target's bytes per token (8 KV heads): a 16-token
+    page does not divide the hybrid page either, so upstream's 64 is kept (padded, as
+    upstream pads it) rather than a page padded at 16 tokens."""
+    for tree in (patched_vllm, pristine_vllm):
+        v = Vllm(tree)
+        window, config, _ = _hybrid_groups(v, draft_heads=8)
+        assert window.block_size == 64
+        spec = _window_group(config.kv_cache_groups)
+        assert spec.block_size == 64 and spec.page_size_padded is not None
+
+
 @pytest.mark.parametrize(("sizes", "block_size", "shared_page", "expected"), [
     # No supported size divides 272 (FlashMLA's only size): upstream's 64 is kept.
     ([64], BLOCK, None, 64),
@@ -210,3 +227,17 @@ def test_patched_full_attention_spec_is_unchanged(patched_vllm: Path) -> None:
     spec = v.layer_spec(v.fixed_backend(FLASHINFER_SIZES), sliding_window=None)
     assert type(spec).__name__ == "FullAttentionSpec"
     assert spec.block_size == BLOCK
+
+
+def test_patched_without_hybrid_page_takes_the_block_divisor(patched_vllm: Path) -> None:
+    """No Mamba page recorded (a model without Mamba layers, --block-size 48): the largest
+    FlashInfer size dividing 48 is 16 (pristine: 32, the largest that fits), and unify
+    scales it to 48 beside a 48-token full attention page."""
+    v = Vllm(patched_vllm)
+    backend = v.fixed_backend(FLASHINFER_SIZES)
+    window = v.layer_spec(backend, sliding_window=WINDOW, block_size=48)
+    full = v.layer_spec(backend, sliding_window=None, block_size=48)
+    assert window.block_size == 16
+    unified = v.utils.unify_kv_cache_spec_page_size({"full": full, "window": window})
+    assert unified["window"].block_size == 48
+    assert unified["window"].page_size_padded is None
