@@ -49,6 +49,8 @@ EXTRA_MEMBERS: list[str] = [
     "v1/engine/detokenizer.py",
     "v1/engine/logprobs.py",
     "v1/engine/parallel_sampling.py",
+    "v1/attention/backend.py",
+    "v1/worker/utils.py",
 ]
 
 

@@ -85,14 +85,32 @@ def _lines(update: Any, vc: Any, kvc: Any, caplog: pytest.LogCaptureFixture) -> 
     return [r.getMessage() for r in caplog.records if r.name == LOGGER]
 
 
+def _capacity_counts_null_block(tree: Path) -> bool:
+    """Whether vLLM's capacity figure in ``tree`` divides every block, the null block
+    included (0.32.0), or the usable ones (async-mamba-kv-sizing, later in the series):
+    two blocks for requests of one block each read 2.0 or 1.0."""
+    kvi = load_kv_cache_interface(tree)
+    full = kvi.FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128,
+                                 dtype=torch.bfloat16)
+    kvc = kvi.KVCacheConfig(num_blocks=2, kv_cache_tensors=[],
+                            kv_cache_groups=[kvi.KVCacheGroupSpec(["full"], full)])
+    vc = SimpleNamespace(model_config=_ModelConfig(16),
+                         parallel_config=SimpleNamespace(decode_context_parallel_size=1))
+    concurrency = _utils(tree, kvi).get_max_concurrency_for_kv_cache_config(vc, kvc)
+    assert concurrency in (1.0, 2.0), concurrency
+    return bool(concurrency == 2.0)
+
+
 def _check(tree: Path, caplog: pytest.LogCaptureFixture) -> None:
     update, vc, kvc = _setup(tree, 65536, num_blocks=20_001)
     msgs = _lines(update, vc, kvc, caplog)
     # vLLM's own capacity line over these specs: a 65,536-token request takes 4,096
-    # full-attention blocks plus cdiv(4095 + 8192, 16) + 1 = 769 window blocks.
-    assert msgs[0] == ("GPU KV cache size: 269,431 tokens, Maximum concurrency for "
+    # full-attention blocks plus cdiv(4095 + 8192, 16) + 1 = 769 window blocks, out of
+    # 20,001 blocks, or of the 20,000 usable ones once the figure excludes the null block.
+    tokens = 269_431 if _capacity_counts_null_block(tree) else 269_418
+    assert msgs[0] == (f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
                        "65,536 tokens per request: 4.11x"), msgs[0]
-    assert vc.cache_config.kv_cache_size_tokens == 269_431
+    assert vc.cache_config.kv_cache_size_tokens == tokens
     assert len(msgs) == 2, msgs
     # 20,000 usable blocks (the null block is reserved). 1,024 tokens: 64 + 65 blocks;
     # 32,768: 2,048 + 769; 65,536: 4,096 + 769.
