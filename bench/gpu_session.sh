@@ -50,6 +50,6 @@ timeout 300 python3 bench/pthfa_decode.py --out "$OUT/bench.md" --sweep "$SWEEP"
 timeout 200 python3 bench/pthfa_roofline.py --out "$OUT/roofline.md" 2>&1 | tee "$OUT/roofline.log"
 if command -v ncu >/dev/null; then
   timeout 150 ncu --clock-control none --kernel-name regex:pthfa --launch-count 4 \
-    --launch-count 2 --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_bytes.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,sm__warps_active.avg.pct_of_peak_sustained_active \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_bytes.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,sm__warps_active.avg.pct_of_peak_sustained_active \
     python3 bench/pthfa_one.py 2>&1 | tee "$OUT/ncu.log"
 fi

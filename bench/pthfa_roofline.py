@@ -12,7 +12,8 @@ system nvcc, then times by CUDA-graph replay, medians of CUDA events:
 - ``probe4``, ``probe5``: probe1 and cp3 over a head-major cache [block, kv head, offset]
   (the same bytes; a head's 16 rows of a block are 2 KiB in one piece, not 128 B pieces
   1 KiB apart as in vLLM's [block, offset, kv head]);
-- ``decode``: partition + reduce; ``sdpa``: torch's bf16 SDPA (fastest backend).
+- ``decode``: pthfa.decode (the partitions and, in their last CTAs, the reduce);
+  ``sdpa``: torch's bf16 SDPA (fastest backend).
 
 Each row: µs, GB/s of the bytes pthfa must read (int8 K and V, fp32 scales), % of the read
 ceiling, and SDPA's time over the row's. The ceiling for int8 is SDPA / (bytes / read BW).
@@ -100,12 +101,15 @@ def time_pthfa(b: int, ctx: int, read_bw: float, sms: int,
     scale = (1 / math.sqrt(D)) * math.log2(math.e)
 
     def part_fns(name: str, heads_first: bool = False) -> list:
+        """The partition kernel alone: the production one with null out and counters (no
+        fused reduce), the probes with their own signature (no such arguments)."""
         g = (KVH, parts, b) if heads_first else (parts, KVH, b)
+        fmt, extra = (L.FMT_MMA, ()) if "probe" in name else (L.FMT_CP, (0, 0))
         return [(lambda i=i: L._launch(
-            dev, name, L.FMT_MMA, g, (V.THREADS, 1, 1),
+            dev, name, fmt, g, (V.THREADS, 1, 1),
             (x.qs[i].data_ptr(), x.k_cache.data_ptr(), x.v_cache.data_ptr(),
              x.k_scale.data_ptr(), x.v_scale.data_ptr(), x.tables[i].data_ptr(), x.nblk,
-             x.lens.data_ptr(), work.data_ptr() + acc, work.data_ptr(), KVH, H // KVH,
+             x.lens.data_ptr(), work.data_ptr() + acc, work.data_ptr(), *extra, KVH, H // KVH,
              int(math.log2(BS)), part, parts, scale), shared_mem=smem))
             for i in range(x.sets)]
 
@@ -119,7 +123,7 @@ def time_pthfa(b: int, ctx: int, read_bw: float, sms: int,
             ("probe4: loads only, head-major blocks",
              timed(part_fns("pthfa_probe4_cp3_bf16_d128"))[0]),
             ("probe5: cp3, head-major blocks", timed(part_fns("pthfa_probe5_cp3_bf16_d128"))[0]),
-            ("decode (partition + reduce)", timed(x.decode_fns())[0])]
+            ("pthfa.decode (partitions, reduce fused)", timed(x.decode_fns())[0])]
     return rows, x.case_bytes
 
 

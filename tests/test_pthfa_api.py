@@ -246,8 +246,8 @@ def test_the_driver_argument_block_holds_each_value_at_its_address() -> None:
 
 
 @pytest.mark.parametrize("fmt,kernel", [
-    ("FMT_QUANTIZE", "quantize"), ("FMT_PART", "part"), ("FMT_MMA", "cp"),
-    ("FMT_REDUCE", "reduce")])
+    ("FMT_QUANTIZE", "quantize"), ("FMT_PART", "part"), ("FMT_MMA", "mma"),
+    ("FMT_CP", "cp"), ("FMT_REDUCE", "reduce")])
 def test_argument_formats_match_the_kernels(fmt: str, kernel: str) -> None:
     """Each launch format has one code per parameter of its kernel in decode.cu/quantize.cu,
     of the same type: the driver reads exactly these bytes."""
@@ -256,6 +256,7 @@ def test_argument_formats_match_the_kernels(fmt: str, kernel: str) -> None:
     csrc = Path(__file__).resolve().parents[1] / "pthfa" / "csrc"
     src, name = {"quantize": ("quantize.cu", "pthfa_quantize_##TN##_d##D("),
                  "part": ("decode.cu", "pthfa_decode_part_##TN##_d##D##_g##G("),
+                 "mma": ("decode.cu", "pthfa_decode_mma##NS##SUF##_##TN##_d##D("),
                  "cp": ("decode.cu", "pthfa_decode_cp##S##_##TN##_d##D("),
                  "reduce": ("decode.cu", "pthfa_decode_reduce_##TN##_d##D(")}[kernel]
     text = (csrc / src).read_text()
@@ -287,6 +288,7 @@ def test_plan_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
     assert p.work_bytes == S * H * 3 * (D + 2) * 4 and p.acc_bytes == S * H * 3 * D * 4
     part: object = p.part
     reduce: object = p.reduce
-    assert part == (0, "pthfa_decode_cp3_bf16_d128", L.FMT_MMA,
+    assert p.counters == S * KVH  # cp3 reduces in its last CTAs: a counter per (seq, head)
+    assert part == (0, "pthfa_decode_cp3_bf16_d128", L.FMT_CP,
                       V.smem_bytes_cp(32, BS, H // KVH, D, 3))
     assert reduce == (0, "pthfa_decode_reduce_bf16_d128", L.FMT_REDUCE, 0)

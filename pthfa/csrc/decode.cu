@@ -583,6 +583,53 @@ struct CpLayout {
   static constexpr int STAGE = 32 * RS + 2 * 16 * 4;  // bytes per stage (a multiple of 16)
 };
 
+// The reduce, fused into the partition kernel (one launch instead of two): every CTA of a
+// (sequence, kv head) counts itself in counters[seq * num_kv_heads + kvh] once its partial
+// results are written, and the last one to arrive merges the partitions of its G query heads
+// into ``out``, as decode_reduce_impl does, then sets the counter back to 0 for the next call.
+// A partition past the sequence's end counts too (it has nothing to write). Orders: each CTA's
+// writes, then __threadfence, then its atomicAdd; the last one's reads after a __threadfence,
+// through L2 (__ldcg), since other SMs wrote them.
+template <typename T, int D>
+__device__ __noinline__ void fused_reduce(const float* part_ml, const float* part_acc,
+                                          int seq_len, T* __restrict__ out,
+                                          int* __restrict__ counters, int seq, int kvh, int G,
+                                          int num_kv_heads, int part_size, int max_parts) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* c = counters + (long long)seq * num_kv_heads + kvh;
+    last = atomicAdd(c, 1) == (int)gridDim.x - 1;
+    if (last) *c = 0;  // every CTA of this call has arrived: nothing reads it again
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int np = seq_len > 0 ? (seq_len + part_size - 1) / part_size : 0;
+  const int H = num_kv_heads * G;
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+    const int h = kvh * G + i / D;
+    const int d = i % D;
+    T* o = out + ((long long)seq * H + h) * D + d;
+    if (np == 0) {
+      *o = Conv<T>::from_float(0.f);
+      continue;
+    }
+    const long long base = ((long long)seq * H + h) * max_parts;
+    float M = -INFINITY;
+    for (int p = 0; p < np; ++p) M = fmaxf(M, __ldcg(part_ml + (base + p) * 2));
+    float L = 0.f;
+    float a = 0.f;
+    for (int p = 0; p < np; ++p) {
+      const float w = exp2f(__ldcg(part_ml + (base + p) * 2) - M);
+      L = fmaf(w, __ldcg(part_ml + (base + p) * 2 + 1), L);
+      a = fmaf(w, __ldcg(part_acc + (base + p) * D + d), a);
+    }
+    *o = Conv<T>::from_float(a / L);
+  }
+}
+
 // P selects a measurement probe (built only with -DPTHFA_PROBES, see bench/pthfa_roofline.py);
 // 0 is the kernel itself. 1: the loads and waits only, no math; 2: no scale loads; 3: the grid
 // with kv heads fastest (blockIdx.x = kv head, blockIdx.y = partition); 4: as 1 and 5: as 0,
@@ -593,7 +640,8 @@ __device__ __forceinline__ void decode_cp_impl(
     const int8_t* __restrict__ v_cache, const float* __restrict__ k_scale,
     const float* __restrict__ v_scale, const int* __restrict__ block_tables, int bt_stride,
     const int* __restrict__ seq_lens, float* __restrict__ part_ml, float* __restrict__ part_acc,
-    int num_kv_heads, int G, int block_shift, int part_size, int max_parts, float scale_log2) {
+    T* __restrict__ out, int* __restrict__ counters, int num_kv_heads, int G, int block_shift,
+    int part_size, int max_parts, float scale_log2) {
   using namespace mmak;
   using L = CpLayout<D>;
   constexpr int KW = D / 16;   // K words per lane per token = k-chunks of 16 dims
@@ -608,7 +656,12 @@ __device__ __forceinline__ void decode_cp_impl(
   const int seq = blockIdx.z;
   const int seq_len = seq_lens[seq];
   const int t0 = part * part_size;
-  if (t0 >= seq_len) return;
+  if (t0 >= seq_len) {
+    if (counters != nullptr)
+      fused_reduce<T, D>(part_ml, part_acc, seq_len, out, counters, seq, kvh, G, num_kv_heads,
+                         part_size, max_parts);
+    return;
+  }
   const int n = min(part_size, seq_len - t0);
   const int block_mask = (1 << block_shift) - 1;
   const int nblk = (n + block_mask) >> block_shift;
@@ -872,6 +925,9 @@ __device__ __forceinline__ void decode_cp_impl(
       part_ml[o * 2 + 1] = Ls;
     }
   }
+  if (counters != nullptr)
+    fused_reduce<T, D>(part_ml, part_acc, seq_len, out, counters, seq, kvh, G, num_kv_heads,
+                       part_size, max_parts);
 }
 
 }  // namespace pthfa
@@ -921,11 +977,13 @@ __device__ __forceinline__ void decode_cp_impl(
           const int8_t* __restrict__ v_cache, const float* __restrict__ k_scale,                 \
           const float* __restrict__ v_scale, const int* __restrict__ block_tables,               \
           int bt_stride, const int* __restrict__ seq_lens, float* __restrict__ part_ml,          \
-          float* __restrict__ part_acc, int num_kv_heads, int gqa, int block_shift,             \
-          int part_size, int max_parts, float scale_log2) {                                      \
+          float* __restrict__ part_acc, T* __restrict__ out, int* __restrict__ counters,        \
+          int num_kv_heads, int gqa, int block_shift, int part_size, int max_parts,             \
+          float scale_log2) {                                                                    \
     pthfa::decode_cp_impl<T, D, S>(q, k_cache, v_cache, k_scale, v_scale, block_tables,         \
-                                   bt_stride, seq_lens, part_ml, part_acc, num_kv_heads, gqa,   \
-                                   block_shift, part_size, max_parts, scale_log2);               \
+                                   bt_stride, seq_lens, part_ml, part_acc, out, counters,       \
+                                   num_kv_heads, gqa, block_shift, part_size, max_parts,        \
+                                   scale_log2);                                                  \
   }
 
 #define PTHFA_ALL_G(TN, T, D) \
@@ -957,7 +1015,8 @@ PTHFA_ALL_G(fp16, __half, 256)
       float scale_log2) {                                                                        \
     pthfa::decode_cp_impl<__nv_bfloat16, 128, 3, P>(                                             \
         q, k_cache, v_cache, k_scale, v_scale, block_tables, bt_stride, seq_lens, part_ml,       \
-        part_acc, num_kv_heads, gqa, block_shift, part_size, max_parts, scale_log2);             \
+        part_acc, nullptr, nullptr, num_kv_heads, gqa, block_shift, part_size, max_parts,        \
+        scale_log2);                                                                             \
   }
 PTHFA_PROBE(1)
 PTHFA_PROBE(2)

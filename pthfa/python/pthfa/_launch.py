@@ -108,6 +108,7 @@ class _Torch:
                                  torch.cuda.is_current_stream_capturing)
         self.empty = torch.empty
         self.empty_like = torch.empty_like
+        self.zeros = torch.zeros
         self.uint8 = torch.uint8
 
 
@@ -124,7 +125,8 @@ def _torch() -> _Torch:
 # Q a device pointer, i int32, q int64, f float32. They must match the kernels' signatures.
 FMT_QUANTIZE = "QQQQQQQiiqqqq"
 FMT_PART = "QQQQQQiQQQiiiif"        # simt: ..., num_kv_heads, block_shift, part, parts, scale
-FMT_MMA = "QQQQQQiQQQiiiiif"        # mma1/cp3/cp4: ..., num_kv_heads, gqa, block_shift, ...
+FMT_MMA = "QQQQQQiQQQiiiiif"        # mma1: ..., num_kv_heads, gqa, block_shift, ...
+FMT_CP = "QQQQQQiQQQQQiiiiif"       # cp3/cp4: ..., part_acc, out, counters, num_kv_heads, ...
 FMT_REDUCE = "QQQQiii"
 
 
@@ -290,26 +292,35 @@ def _launch(device: int, name: str, fmt: str, grid: tuple[int, int, int],
                                                shared_mem)
 
 
-# Per (device, stream): the scratch of the partial results, reused by every eager decode on
-# that stream (stream order keeps one call's reduce before the next call's partition kernel).
-_WORK: dict[tuple[int, int], tuple[int, int, Any]] = {}  # (address, bytes, tensor)
+# Per (device, stream): the scratch of one decode, reused by every eager decode on that stream
+# (stream order keeps one call's reads before the next call's writes): first the arrival
+# counters of the fused reduce (zeroed once; every call leaves them at zero), then the partial
+# results. (address, counters it holds, scratch bytes after them, tensor).
+_WORK: dict[tuple[int, int], tuple[int, int, int, Any]] = {}
 
 
-def _workspace(t: _Torch, device: int, stream: int, nbytes: int) -> tuple[int, Any]:
-    """(address, owner) of ``nbytes`` of device scratch for one decode. Eager: the stream's
-    cached buffer, grown as needed. While the stream captures a graph: a fresh allocation from
-    the graph's pool, so a replay never shares its scratch with eager calls."""
+def _workspace(t: _Torch, device: int, stream: int, counters: int,
+               nbytes: int) -> tuple[int, int, Any]:
+    """(counters' address, scratch's address, owner) for one decode. Eager: the stream's
+    cached buffer, grown as needed. While the stream captures a graph: a fresh zeroed
+    allocation from the graph's pool (its zeroing is captured too), so a replay never shares
+    its scratch or counters with eager calls."""
+    head = (counters * 4 + 255) // 256 * 256
     buf: Any
     if t.capturing():
-        buf = t.empty(nbytes, dtype=t.uint8, device=device)
-        return buf.data_ptr(), buf
+        buf = t.zeros(head + nbytes, dtype=t.uint8, device=device)
+        return buf.data_ptr(), buf.data_ptr() + head, buf
     got = _WORK.get((device, stream))
-    if got is not None and got[1] >= nbytes:
-        return got[0], got[2]
+    if got is not None and got[1] >= counters and got[2] >= nbytes:
+        return got[0], got[0] + (got[1] * 4 + 255) // 256 * 256, got[3]
+    if got is not None:  # grow both parts: the counters are laid out first
+        counters = max(counters, got[1])
+        nbytes = max(nbytes, got[2])
+        head = (counters * 4 + 255) // 256 * 256
     size = max(nbytes, 1 << 16)
-    buf = t.empty(size, dtype=t.uint8, device=device)
-    _WORK[(device, stream)] = (buf.data_ptr(), size, buf)
-    return buf.data_ptr(), buf
+    buf = t.zeros(head + size, dtype=t.uint8, device=device)
+    _WORK[(device, stream)] = (buf.data_ptr(), head // 4, size, buf)
+    return buf.data_ptr(), buf.data_ptr() + head, buf
 
 
 IMPLS = ("simt", "mma1", "cp3", "cp4")
@@ -532,6 +543,7 @@ class _DecodePlan:
     __slots__ = (
         "acc_bytes",
         "blocks",
+        "counters",
         "device",
         "empty",
         "fmt",
@@ -580,7 +592,7 @@ class _DecodePlan:
             self.smem = V.smem_bytes(part_size, a.block_size, a.gqa, a.head_dim)
         else:
             name = f"pthfa_decode_{impl}_{a.dtype}_d{a.head_dim}"
-            self.fmt = FMT_MMA
+            self.fmt = FMT_CP if impl.startswith("cp") else FMT_MMA
             self.part_ints = (a.num_kv_heads, a.gqa, block_shift, part_size, max_parts,
                               scale_log2)
             self.smem = (V.smem_bytes_cp(part_size, a.block_size, a.gqa, a.head_dim,
@@ -593,6 +605,8 @@ class _DecodePlan:
         self.reduce_grid = (a.num_heads, a.num_seqs, 1)
         self.reduce_block = (a.head_dim, 1, 1)
         self.reduce_ints = (a.num_heads, part_size, max_parts)
+        # cp3/cp4 reduce in their last CTA per (sequence, kv head): one launch, no reduce
+        self.counters = a.num_seqs * a.num_kv_heads if self.fmt == FMT_CP else 0
 
 
     def thread_blocks(self) -> tuple[_ArgBlock, _ArgBlock]:
@@ -646,20 +660,29 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
     dev = p.device
     stream = t.stream(dev)
     w = _WORK.get((dev, stream))  # the eager scratch of this stream, inline: see _workspace
-    if w is not None and w[1] >= p.work_bytes and not t.capturing():
-        work = w[0]
+    if w is not None and w[1] >= p.counters and w[2] >= p.work_bytes and not t.capturing():
+        counters = w[0]
+        work = counters + (w[1] * 4 + 255) // 256 * 256
     else:
-        work, _owner = _workspace(t, dev, stream, p.work_bytes)
+        counters, work, _owner = _workspace(t, dev, stream, p.counters, p.work_bytes)
     part_ml = work + p.acc_bytes
     seq_ptr = seq_lens.data_ptr()
     drv = _DRIVER[0] if _DRIVER else _driver()
-    if drv is not None and t.device() == dev:  # the hot path: two prepacked driver launches
+    if drv is not None and t.device() == dev:  # the hot path: prepacked driver launches
         blocks = p.blocks.get(threading.get_ident()) or p.thread_blocks()
+        g = p.grid
+        if p.counters:  # one launch: the partitions, reduced by the last CTA of each head
+            blocks[0].pack_head(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                                k_scale.data_ptr(), v_scale.data_ptr(),
+                                block_tables.data_ptr(), a.bt_stride, seq_ptr, part_ml, work,
+                                out.data_ptr(), counters)
+            drv.launch(p.part.fn, g[0], g[1], g[2], V.THREADS, 1, 1, p.smem, stream,
+                       blocks[0].address, 0)
+            return out
         if max_seq_len > 0:
             blocks[0].pack_head(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                                 k_scale.data_ptr(), v_scale.data_ptr(),
                                 block_tables.data_ptr(), a.bt_stride, seq_ptr, part_ml, work)
-            g = p.grid
             drv.launch(p.part.fn, g[0], g[1], g[2], V.THREADS, 1, 1, p.smem, stream,
                        blocks[0].address, 0)
         blocks[1].pack_head(part_ml, work, seq_ptr, out.data_ptr())
@@ -667,11 +690,14 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
         drv.launch(p.reduce.fn, g[0], g[1], g[2], a.head_dim, 1, 1, 0, stream,
                    blocks[1].address, 0)
         return out
+    head = (query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_scale.data_ptr(),
+            v_scale.data_ptr(), block_tables.data_ptr(), a.bt_stride, seq_ptr, part_ml, work)
+    if p.counters:
+        p.part.run(t, stream, p.grid, _THREADS3,
+                   (*head, out.data_ptr(), counters, *p.part_ints), p.smem)
+        return out
     if max_seq_len > 0:
-        p.part.run(t, stream, p.grid, _THREADS3, (
-            query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_scale.data_ptr(),
-            v_scale.data_ptr(), block_tables.data_ptr(), a.bt_stride, seq_ptr, part_ml,
-            work, *p.part_ints), p.smem)
+        p.part.run(t, stream, p.grid, _THREADS3, (*head, *p.part_ints), p.smem)
     p.reduce.run(t, stream, p.reduce_grid, p.reduce_block,
                  (part_ml, work, seq_ptr, out.data_ptr(), *p.reduce_ints), 0)
     return out
