@@ -608,25 +608,41 @@ __device__ __noinline__ void fused_reduce(const float* part_ml, const float* par
   __threadfence();
   const int np = seq_len > 0 ? (seq_len + part_size - 1) / part_size : 0;
   const int H = num_kv_heads * G;
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-    const int h = kvh * G + i / D;
-    const int d = i % D;
+  // four dims a thread (float4 loads of the partials), the partition loops unrolled so their
+  // loads are in flight together: this CTA holds an SM slot while it merges
+  for (int i = threadIdx.x; i < G * D / 4; i += blockDim.x) {
+    const int h = kvh * G + (i * 4) / D;
+    const int d = (i * 4) % D;
     T* o = out + ((long long)seq * H + h) * D + d;
-    if (np == 0) {
-      *o = Conv<T>::from_float(0.f);
-      continue;
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (np > 0) {
+      const long long base = ((long long)seq * H + h) * max_parts;
+      const float2* ml = reinterpret_cast<const float2*>(part_ml) + base;
+      float M = -INFINITY;
+#pragma unroll 4
+      for (int p = 0; p < np; ++p) M = fmaxf(M, __ldcg(ml + p).x);
+      float L = 0.f;
+#pragma unroll 4
+      for (int p = 0; p < np; ++p) {
+        const float2 x = __ldcg(ml + p);
+        const float w = exp2f(x.x - M);
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(part_acc + (base + p) * D + d));
+        L = fmaf(w, x.y, L);
+        a.x = fmaf(w, v.x, a.x);
+        a.y = fmaf(w, v.y, a.y);
+        a.z = fmaf(w, v.z, a.z);
+        a.w = fmaf(w, v.w, a.w);
+      }
+      const float inv = 1.f / L;
+      a.x *= inv;
+      a.y *= inv;
+      a.z *= inv;
+      a.w *= inv;
     }
-    const long long base = ((long long)seq * H + h) * max_parts;
-    float M = -INFINITY;
-    for (int p = 0; p < np; ++p) M = fmaxf(M, __ldcg(part_ml + (base + p) * 2));
-    float L = 0.f;
-    float a = 0.f;
-    for (int p = 0; p < np; ++p) {
-      const float w = exp2f(__ldcg(part_ml + (base + p) * 2) - M);
-      L = fmaf(w, __ldcg(part_ml + (base + p) * 2 + 1), L);
-      a = fmaf(w, __ldcg(part_acc + (base + p) * D + d), a);
-    }
-    *o = Conv<T>::from_float(a / L);
+    o[0] = Conv<T>::from_float(a.x);
+    o[1] = Conv<T>::from_float(a.y);
+    o[2] = Conv<T>::from_float(a.z);
+    o[3] = Conv<T>::from_float(a.w);
   }
 }
 

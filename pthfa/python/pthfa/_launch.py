@@ -605,8 +605,13 @@ class _DecodePlan:
         self.reduce_grid = (a.num_heads, a.num_seqs, 1)
         self.reduce_block = (a.head_dim, 1, 1)
         self.reduce_ints = (a.num_heads, part_size, max_parts)
-        # cp3/cp4 reduce in their last CTA per (sequence, kv head): one launch, no reduce
-        self.counters = a.num_seqs * a.num_kv_heads if self.fmt == FMT_CP else 0
+        # cp3/cp4 can reduce in their last CTA of each (sequence, kv head): one launch. That
+        # is for eager calls small enough to be bound by the host's launches; in a graph, or
+        # past FUSE_BYTES, the reduce kernel (wide) costs less than the last CTAs' merge
+        # (serial, holding an SM slot each): measured in results/2026-11-30-fused-reduce.md.
+        cache_bytes = a.num_seqs * max_seq_len * a.num_kv_heads * (2 * a.head_dim + 8)
+        self.counters = (a.num_seqs * a.num_kv_heads
+                         if self.fmt == FMT_CP and cache_bytes <= FUSE_BYTES else 0)
 
 
     def thread_blocks(self) -> tuple[_ArgBlock, _ArgBlock]:
@@ -620,6 +625,7 @@ class _DecodePlan:
 
 
 _THREADS3 = (V.THREADS, 1, 1)
+FUSE_BYTES = 32 << 20  # K, V and scales a decode reads, at most, to reduce in its last CTAs
 
 
 def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
@@ -659,8 +665,10 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
         return out
     dev = p.device
     stream = t.stream(dev)
+    capturing = t.capturing()
+    fused = p.counters and not capturing
     w = _WORK.get((dev, stream))  # the eager scratch of this stream, inline: see _workspace
-    if w is not None and w[1] >= p.counters and w[2] >= p.work_bytes and not t.capturing():
+    if w is not None and w[1] >= p.counters and w[2] >= p.work_bytes and not capturing:
         counters = w[0]
         work = counters + (w[1] * 4 + 255) // 256 * 256
     else:
@@ -671,7 +679,7 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
     if drv is not None and t.device() == dev:  # the hot path: prepacked driver launches
         blocks = p.blocks.get(threading.get_ident()) or p.thread_blocks()
         g = p.grid
-        if p.counters:  # one launch: the partitions, reduced by the last CTA of each head
+        if fused:  # one launch: the partitions, reduced by the last CTA of each head
             blocks[0].pack_head(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                                 k_scale.data_ptr(), v_scale.data_ptr(),
                                 block_tables.data_ptr(), a.bt_stride, seq_ptr, part_ml, work,
@@ -680,9 +688,13 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
                        blocks[0].address, 0)
             return out
         if max_seq_len > 0:
-            blocks[0].pack_head(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                                k_scale.data_ptr(), v_scale.data_ptr(),
-                                block_tables.data_ptr(), a.bt_stride, seq_ptr, part_ml, work)
+            head = (query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                    k_scale.data_ptr(), v_scale.data_ptr(), block_tables.data_ptr(),
+                    a.bt_stride, seq_ptr, part_ml, work)
+            if p.fmt == FMT_CP:  # null out and counters: the partitions only
+                blocks[0].pack_head(*head, 0, 0)
+            else:
+                blocks[0].pack_head(*head)
             drv.launch(p.part.fn, g[0], g[1], g[2], V.THREADS, 1, 1, p.smem, stream,
                        blocks[0].address, 0)
         blocks[1].pack_head(part_ml, work, seq_ptr, out.data_ptr())
@@ -692,12 +704,13 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
         return out
     head = (query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_scale.data_ptr(),
             v_scale.data_ptr(), block_tables.data_ptr(), a.bt_stride, seq_ptr, part_ml, work)
-    if p.counters:
+    if fused:
         p.part.run(t, stream, p.grid, _THREADS3,
                    (*head, out.data_ptr(), counters, *p.part_ints), p.smem)
         return out
     if max_seq_len > 0:
-        p.part.run(t, stream, p.grid, _THREADS3, (*head, *p.part_ints), p.smem)
+        extra = (0, 0) if p.fmt == FMT_CP else ()
+        p.part.run(t, stream, p.grid, _THREADS3, (*head, *extra, *p.part_ints), p.smem)
     p.reduce.run(t, stream, p.reduce_grid, p.reduce_block,
                  (part_ml, work, seq_ptr, out.data_ptr(), *p.reduce_ints), 0)
     return out
