@@ -302,14 +302,14 @@ _WORK: dict[tuple[int, int], tuple[int, int, int, Any]] = {}
 def _workspace(t: _Torch, device: int, stream: int, counters: int,
                nbytes: int) -> tuple[int, int, Any]:
     """(counters' address, scratch's address, owner) for one decode. Eager: the stream's
-    cached buffer, grown as needed. While the stream captures a graph: a fresh zeroed
-    allocation from the graph's pool (its zeroing is captured too), so a replay never shares
-    its scratch or counters with eager calls."""
-    head = (counters * 4 + 255) // 256 * 256
+    cached buffer, grown as needed. While the stream captures a graph: a fresh allocation from
+    the graph's pool, so a replay never shares its scratch with eager calls; a graph never
+    takes the fused reduce, so it needs no counters (and no zeroing in every replay)."""
     buf: Any
     if t.capturing():
-        buf = t.zeros(head + nbytes, dtype=t.uint8, device=device)
-        return buf.data_ptr(), buf.data_ptr() + head, buf
+        buf = t.empty(nbytes, dtype=t.uint8, device=device)
+        return 0, buf.data_ptr(), buf
+    head = (counters * 4 + 255) // 256 * 256
     got = _WORK.get((device, stream))
     if got is not None and got[1] >= counters and got[2] >= nbytes:
         return got[0], got[0] + (got[1] * 4 + 255) // 256 * 256, got[3]
