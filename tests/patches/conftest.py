@@ -51,6 +51,9 @@ EXTRA_MEMBERS: list[str] = [
     "v1/engine/parallel_sampling.py",
     "v1/attention/backend.py",
     "v1/worker/utils.py",
+    "v1/worker/mamba_utils.py",
+    "model_executor/layers/mamba/mamba_utils.py",
+    "v1/attention/backends/utils.py",
 ]
 
 
