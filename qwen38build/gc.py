@@ -104,9 +104,14 @@ def collect(store: Store, *, dry_run: bool = False) -> Report:
     with store.hold() as session:  # made before the exclusive lock: it takes a shared one
         trash: list[Path] = []
         with store.gc_lock():
-            tops = _rooted_builds(store, report, prune=not dry_run)
+            # Sessions first, roots second. A build writes its root and only then releases
+            # its temporary roots, neither under this lock: read in this order, whatever it
+            # does between the two reads, one of them shows what it made. (The other order
+            # missed a build finishing in between: its root not yet there, its session gone.)
+            tops: set[str] = set()
             for digests in temproots.live_sessions(store.root).values():
                 tops |= digests
+            tops |= _rooted_builds(store, report, prune=not dry_run)
             live = _closure(store, tops, report)
             report.removed = sorted(_stored(store) - live)
             if dry_run:

@@ -17,8 +17,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import ENVS, Project
 from tests.engine_fixtures import write_patch
 
@@ -39,14 +37,6 @@ def _cmd(root: Path, store: Path, *argv: str) -> list[str]:
             "--store", str(store), *argv]
 
 
-# An open race (2026-11-30): now and then two of the 8 racing builds each build the patch
-# and wheel steps (the later one finds no entry under the digest lock). It needs the gc loops
-# (0 failures in 30 runs without them), gc's report never lists those steps as removed, and
-# every other check holds in those runs (no failure, one hash, a clean store verify). Locally
-# 1 run in 16 before gc and the orphan sweep were limited to digest names, 0 in 66 after;
-# yet a clean-clone CI run still needed one rerun. Until it is found, the test may rerun up
-# to three times; four failures in a row fail it.
-@pytest.mark.flaky(reruns=3)
 def test_eight_builds_eight_noops_and_two_gcs_at_once(project: Project) -> None:
     env = {**os.environ, "QWEN38BUILD_SOURCES": str(project.wheels), "NO_COLOR": "1"}
     store = project.tmp / "store"

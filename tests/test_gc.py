@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import lock, recipe
+from qwen38build import lock, recipe, temproots
 from qwen38build.gc import collect
 from qwen38build.plan import Plan, make_plan
 from qwen38build.store import Store
@@ -46,6 +46,32 @@ def test_a_live_sessions_temporary_roots_are_never_collected(
         assert store.get(build) is not None
     assert build in collect(store).removed  # the session ended: nothing keeps it
     assert store.lookup(build) is None and not any(store.objects.iterdir())
+
+
+def test_a_build_finishing_while_gc_decides_keeps_what_it_made(
+        project: Project, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build writes its root, then releases its temporary roots, without gc's lock. gc
+    reads the live sessions, then the roots: a build that finishes between the two reads is
+    seen by the second. (Read the other way round, it was seen by neither and collected:
+    the concurrency test's double builds.)"""
+    build = _build(project, capsys, "--no-link")
+    store = Store(project.store)
+    roots = {p.name: p.read_bytes() for p in store.roots.glob("*.json")}
+    _unroot(store)
+    builder = temproots.Session(store.root)  # another process's live session
+    builder.add([build])
+    real = temproots.live_sessions
+
+    def finishing_meanwhile(root: Path) -> dict[str, set[str]]:
+        for name, data in roots.items():  # the build's root appears, then its session ends
+            (store.roots / name).write_bytes(data)
+        builder.close()
+        return real(root)
+
+    monkeypatch.setattr(temproots, "live_sessions", finishing_meanwhile)
+    assert collect(store).removed == []
+    assert store.get(build) is not None
 
 
 def test_result_link_is_an_indirect_root_and_a_dangling_one_is_dropped(
