@@ -20,30 +20,14 @@ from typing import Any
 import pytest
 
 from ._helpers import assert_pristine_lacks, load_with_auto_stubs, make_module
+from ._responses import ResponseModel
 
 pytestmark = pytest.mark.e2e
 
 PROMPT = [1, 2, 3, 4]
 
 
-class _Model:
-    """A response model: keeps what it is given, serialises it as JSON."""
-
-    def __init__(self, **fields: Any) -> None:
-        self.__dict__.update(fields)
-
-    def _dump(self, exclude_none: bool) -> dict[str, Any]:
-        def conv(v: Any) -> Any:
-            if isinstance(v, _Model):
-                return v._dump(exclude_none)
-            if isinstance(v, list):
-                return [conv(x) for x in v]
-            return v
-        return {k: conv(v) for k, v in self.__dict__.items()
-                if not (exclude_none and v is None)}
-
-    def model_dump_json(self, exclude_unset: bool = False, exclude_none: bool = False) -> str:
-        return json.dumps(self._dump(exclude_none))
+_Model = ResponseModel
 
 
 class DeltaMessage(_Model):

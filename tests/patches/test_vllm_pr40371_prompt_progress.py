@@ -34,7 +34,6 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
 
 from ._helpers import (
     LooseAutoStub,
@@ -45,6 +44,7 @@ from ._helpers import (
     make_module,
     once_logger_module,
 )
+from ._responses import ResponseModel
 
 pytestmark = pytest.mark.e2e
 pytest.importorskip("torch")
@@ -396,26 +396,7 @@ def test_pristine_requests_have_no_opt_in(pristine_vllm: Path) -> None:
 # --- the streaming generators -------------------------------------------------------------
 
 
-class _Model:
-    """A response model: keeps what it is given, serialises it as JSON."""
-
-    def __init__(self, **fields: Any) -> None:
-        self.__dict__.update(fields)
-
-    def _dump(self, exclude_none: bool) -> dict[str, Any]:
-        def conv(v: Any) -> Any:
-            if isinstance(v, _Model):
-                return v._dump(exclude_none)
-            if isinstance(v, BaseModel):
-                return v.model_dump(exclude_none=exclude_none)
-            if isinstance(v, list):
-                return [conv(x) for x in v]
-            return v
-        return {k: conv(v) for k, v in self.__dict__.items()
-                if not (exclude_none and v is None)}
-
-    def model_dump_json(self, exclude_unset: bool = False, exclude_none: bool = False) -> str:
-        return json.dumps(self._dump(exclude_none))
+_Model = ResponseModel
 
 
 def _models(*names: str) -> dict[str, type[_Model]]:
