@@ -299,24 +299,23 @@ def _launch(device: int, name: str, fmt: str, grid: tuple[int, int, int],
 _WORK: dict[tuple[int, int], tuple[int, int, int, int, Any]] = {}
 
 
-def _workspace(t: _Torch, device: int, stream: int, counters: int,
-               nbytes: int) -> tuple[int, int, Any]:
+def _workspace(t: _Torch, device: int, stream: int, counters: int, nbytes: int,
+               capturing: bool) -> tuple[int, int, Any]:
     """(counters' address, scratch's address, owner) for one decode. Eager: the stream's
     cached buffer, grown as needed. While the stream captures a graph: a fresh allocation from
     the graph's pool, so a replay never shares its scratch with eager calls; a graph never
     takes the fused reduce, so it needs no counters (and no zeroing in every replay)."""
     buf: Any
-    if t.capturing():
+    if capturing:
         buf = t.empty(nbytes, dtype=t.uint8, device=device)
         return 0, buf.data_ptr(), buf
-    head = (counters * 4 + 255) // 256 * 256
     got = _WORK.get((device, stream))
     if got is not None and got[1] >= counters and got[3] >= nbytes:
         return got[0], got[2], got[4]
     if got is not None:  # grow both parts: the counters are laid out first
         counters = max(counters, got[1])
         nbytes = max(nbytes, got[3])
-        head = (counters * 4 + 255) // 256 * 256
+    head = (counters * 4 + 255) // 256 * 256
     size = max(nbytes, 1 << 16)
     buf = t.zeros(head + size, dtype=t.uint8, device=device)
     _WORK[(device, stream)] = (buf.data_ptr(), head // 4, buf.data_ptr() + head, size, buf)
@@ -684,12 +683,7 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
     stream = t.stream(dev)
     capturing = t.capturing()
     fused = p.counters and not capturing
-    w = _WORK.get((dev, stream))  # the eager scratch of this stream, inline: see _workspace
-    if w is not None and w[1] >= p.counters and w[3] >= p.work_bytes and not capturing:
-        counters = w[0]
-        work = w[2]
-    else:
-        counters, work, _owner = _workspace(t, dev, stream, p.counters, p.work_bytes)
+    counters, work, _owner = _workspace(t, dev, stream, p.counters, p.work_bytes, capturing)
     part_ml = work + p.acc_bytes
     seq_ptr = seq_lens.data_ptr()
     drv = _DRIVER[0] if _DRIVER else _driver()
