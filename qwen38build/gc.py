@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen38build import temproots
+from qwen38build.errors import StoreError
 from qwen38build.store import Store, is_digest, remove_tree
 
 
@@ -30,6 +31,11 @@ class Report:
 
 def _rooted_builds(store: Store, report: Report, *, prune: bool) -> set[str]:
     """Digests the named and indirect roots point at."""
+    for folder in (store.roots, store.auto_roots):
+        if os.path.lexists(folder) and not folder.is_dir():  # unreadable roots: keep all
+            raise StoreError(f"{folder}: the store's roots are not a folder here; gc removed "
+                             "nothing, as it cannot tell what they keep.",
+                             hint="move that file away (roots are folders of small files)")
     out: set[str] = set()
     if store.roots.is_dir():
         for p in sorted(store.roots.glob("*.json")):

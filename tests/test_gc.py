@@ -155,6 +155,27 @@ def test_the_next_build_reclaims_a_killed_builds_tmp_and_locks(
     assert list((store.root / "temproots").iterdir()) == []
 
 
+@pytest.mark.parametrize("folder", ["roots", "gcroots/auto"])
+def test_gc_removes_nothing_when_a_roots_folder_is_a_file(
+        project: Project, capsys: pytest.CaptureFixture[str], folder: str) -> None:
+    """Roots gc cannot read are not an empty set of roots: it stops, one line, store kept."""
+    build = _build(project, capsys, "--no-link")
+    store = Store(project.store)
+    garbage = store.objects / ("e" * 64)
+    garbage.mkdir()  # unrooted: a working gc would take it
+    target = store.root / folder
+    if target.is_dir():
+        for p in target.iterdir():
+            p.unlink()
+        target.rmdir()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("not a folder")
+    assert project.run("gc") == 1
+    err = capsys.readouterr().err
+    assert f"{folder}: the store's roots are not a folder" in err and "Traceback" not in err
+    assert garbage.is_dir() and store.get(build) is not None
+
+
 def test_gc_reports_malformed_roots_and_records_and_never_crashes(
         project: Project, capsys: pytest.CaptureFixture[str]) -> None:
     build = _build(project, capsys)
