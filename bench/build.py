@@ -228,7 +228,7 @@ def snapshot_project(src: Path, dest: Path, *, worktree: bool, ref: str) -> list
 def series_from_recipe(project: Path) -> list[Path]:
     """The series in apply order, through the tool's own loader (as the build reads it)."""
     try:
-        from qwen38build import recipe
+        from qwen38build.inputs import recipe
     except ImportError:
         return []
     return [e.path for e in recipe.load(project / "recipe.toml").series_entries()]

@@ -40,8 +40,9 @@ REPO = Path(__file__).resolve().parents[1]
 COMMAND = """
 import sys
 from pathlib import Path
-from qwen38build import bump, recipe
-from qwen38build.store import Store, default_root
+from qwen38build.bump import bump
+from qwen38build.inputs import recipe
+from qwen38build.store.store import Store, default_root
 r = bump.bump(recipe.load(Path(sys.argv[1])), Store(default_root()), sys.argv[2])
 print(len(r.patches))
 """
@@ -55,8 +56,8 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
 
 def synthetic_project(recipe: Path, wheel: Path, dest: Path, n: int, hunks: int) -> Path:
     """A copy of the project whose series is ours plus ``n`` generated patches."""
-    from qwen38build import recipe as recipe_mod
-    from qwen38build.patchfile import PatchFile, marker_for
+    from qwen38build.inputs import recipe as recipe_mod
+    from qwen38build.series.patchfile import PatchFile, marker_for
 
     loaded = recipe_mod.load(recipe)
     ours = loaded.series_entries()
@@ -106,9 +107,9 @@ def synthetic_project(recipe: Path, wheel: Path, dest: Path, n: int, hunks: int)
 
 def measure(label: str, recipe: str, to: str, runs: int, env: dict[str, str]
             ) -> tuple[float, float, int, dict[str, int]]:
-    from qwen38build import bump
-    from qwen38build import recipe as recipe_mod
-    from qwen38build.store import Store, default_root
+    from qwen38build.bump import bump
+    from qwen38build.inputs import recipe as recipe_mod
+    from qwen38build.store.store import Store, default_root
 
     loaded = recipe_mod.load(Path(recipe))
     store = Store(default_root())
@@ -142,9 +143,9 @@ def main() -> int:
             env["QWEN38BUILD_SOURCES"] = os.pathsep.join(found)
     os.environ.update(env)
 
-    from qwen38build import recipe as recipe_mod
-    from qwen38build import workspace
-    from qwen38build.store import Store, default_root
+    from qwen38build.inputs import recipe as recipe_mod
+    from qwen38build.store.store import Store, default_root
+    from qwen38build.workspace import workspace
 
     floor = statistics.median(
         [timed([sys.executable, "-c", "pass"], env) for _ in range(args.runs)]

@@ -41,11 +41,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from qwen38build import cacheconfig, record  # noqa: E402
-from qwen38build.report import Reporter  # noqa: E402
-from qwen38build.signing import SecretKey  # noqa: E402
-from qwen38build.store import Store, default_root, remove_tree  # noqa: E402
-from qwen38build.substituter import Substituters  # noqa: E402
+from qwen38build.cache import config as cacheconfig  # noqa: E402
+from qwen38build.cache.signing import SecretKey  # noqa: E402
+from qwen38build.cache.substituter import Substituters  # noqa: E402
+from qwen38build.engine.report import Reporter  # noqa: E402
+from qwen38build.store import record  # noqa: E402
+from qwen38build.store.store import Store, default_root, remove_tree  # noqa: E402
 from tests.cache_fixtures import nginx  # noqa: E402
 
 TOOL = str(Path(sys.executable).with_name("qwen38build"))

@@ -37,7 +37,7 @@ def build_probes(dest: Path) -> None:
     """The probe cubin for this GPU, into ``dest`` (what PTHFA_CUBIN_DIR then points at)."""
     import torch
 
-    from qwen38build.kernels import compile_arch
+    from qwen38build.kernels.kernels import compile_arch
 
     major, minor = torch.cuda.get_device_capability()
     src = dest / "src"

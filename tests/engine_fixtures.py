@@ -257,7 +257,7 @@ def fake_toolchain(dest: Path, log: Path, version_text: str = VERSION_TEXT) -> l
 
 
 def add_to_lock(root: Path, wheels: list[Path]) -> None:
-    from qwen38build import lock as lockmod
+    from qwen38build.inputs import lock as lockmod
 
     locked = lockmod.read(root)
     for w in wheels:

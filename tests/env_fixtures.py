@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build.recipe import load
-from qwen38build.store import Store
-from qwen38build.venv import pthfa_step
+from qwen38build.inputs.recipe import load
+from qwen38build.store.store import Store
+from qwen38build.wheels.venv import pthfa_step
 from tests.conftest import ENVS, SERVER, Project
 from tests.engine_fixtures import make_project, make_wheel
 

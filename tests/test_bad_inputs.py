@@ -1128,7 +1128,7 @@ code = main(spec["argv"])
 sys.stderr = sys.__stderr__
 after = snapshot(Path(spec["store"]))
 print(json.dumps({"code": code, "err": err.getvalue(), "same": after == before,
-                  "after": after, "planned": "qwen38build.plan" in sys.modules}))
+                  "after": after, "planned": "qwen38build.engine.plan" in sys.modules}))
 """
 
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import lock, recipe
+from qwen38build.engine.executor import realise
+from qwen38build.engine.plan import make_plan
+from qwen38build.engine.report import Reporter
 from qwen38build.errors import FetchError, PatchFailed
-from qwen38build.executor import realise
-from qwen38build.plan import make_plan
-from qwen38build.report import Reporter
-from qwen38build.store import Store
+from qwen38build.inputs import lock, recipe
+from qwen38build.store.store import Store
 from tests.conftest import ENVS as ENVS_TEXT
 from tests.conftest import SERVER, Project
 from tests.engine_fixtures import record_hash
@@ -180,7 +180,7 @@ def test_two_builds_at_once_build_each_step_once(project: Project) -> None:
 
 KILL_SCRIPT = """
 import os, signal, sys
-from qwen38build import wheelzip
+from qwen38build.wheels import wheelzip
 real = wheelzip.PatchedWheel._emit
 def dying(self, out, members, default):
     out.write_bytes(b"half a wheel")
@@ -239,7 +239,7 @@ NOOP_PROBE = """
 import sys
 from qwen38build.cli import main
 code = main(sys.argv[1:])
-print("heavy:", sorted(m for m in ("pydantic", "argparse", "rich", "qwen38build.recipe")
+print("heavy:", sorted(m for m in ("pydantic", "argparse", "rich", "qwen38build.inputs.recipe")
                        if m in sys.modules))
 raise SystemExit(code)
 """

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import bump, lock, recipe, workspace
-from qwen38build.patchfile import PatchFile
-from qwen38build.store import Store
+from qwen38build.bump import bump
+from qwen38build.inputs import lock, recipe
+from qwen38build.series.patchfile import PatchFile
+from qwen38build.store.store import Store
+from qwen38build.workspace import workspace
 from tests.bump_fixtures import NEW, PIN, Project, make_project, make_wheel, numbered
 
 REPO = Path(__file__).resolve().parents[1]
@@ -204,7 +206,7 @@ def test_real_bump_to_0_33_0_agrees_with_gnu_patch(
     sources = [d for d in ("/tmp/wh", "/tmp/wh33") if Path(d).is_dir()]
     if sources:
         monkeypatch.setenv("QWEN38BUILD_SOURCES", ":".join(sources))
-    from qwen38build.store import default_root
+    from qwen38build.store.store import default_root
 
     loaded = recipe.load(REPO / "recipe.toml")
     if loaded.recipe.vllm.version != "0.32.0":
@@ -370,7 +372,8 @@ def test_context_missing_only_by_the_earlier_patch_is_depends_on_failed(
 def test_retire_moves_the_topic_to_retired_and_keeps_its_prose(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from qwen38build import lint, table
+    from qwen38build.lint import lint
+    from qwen38build.series import table
 
     upstream = sub(SERVE, "    for r in requests:\n",
                    "    for r in requests:\n        if done >= limit:\n"

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import cacheconfig
+from qwen38build.cache import config as cacheconfig
+from qwen38build.cache.signing import SecretKey
 from qwen38build.cli import main
 from qwen38build.errors import InputError
-from qwen38build.signing import SecretKey
 
 KEY_A = str(SecretKey.generate("a-1").public())
 KEY_B = str(SecretKey.generate("b-1").public())

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from qwen38build import cacherecord
+from qwen38build.cache import record as cacherecord
+from qwen38build.cache.signing import SecretKey, sign_record
 from qwen38build.digest import sha256_json
 from qwen38build.errors import CacheError, UntrustedEntry
-from qwen38build.signing import SecretKey, sign_record
 
 KEY = SecretKey.generate("q38-t-1")
 DRV: dict[str, Any] = {"kind": "wheel", "version": 1, "params": {}, "inputs": [], "deps": []}

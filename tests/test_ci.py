@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from qwen38build.cli import main
-from qwen38build.recipe import normalise_arch
+from qwen38build.inputs.recipe import normalise_arch
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW = REPO / ".github" / "workflows" / "build.yml"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import recipe
+from qwen38build.inputs import recipe
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

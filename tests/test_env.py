@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import envlock, recipe
-from qwen38build.store import Store
+from qwen38build.inputs import recipe
+from qwen38build.pinning import pylock as envlock
+from qwen38build.store.store import Store
 from tests.conftest import Project
 from tests.env_fixtures import add_pthfa_wheel, dist_wheel, env_project
 
@@ -71,7 +72,7 @@ def test_a_changed_wheel_in_the_store_is_refused(
 ) -> None:
     """A change the store's cheap (stat) check cannot see is still caught: env hashes the
     wheels it installs against the store's record."""
-    from qwen38build.venv import pthfa_step
+    from qwen38build.wheels.venv import pthfa_step
 
     step = pthfa_step(recipe.load(built.root / "recipe.toml"))
     entry = Store(built.store).get(step.digest)
@@ -202,10 +203,10 @@ def test_real_env_of_the_repository_is_verified(
     import subprocess
 
     from qwen38build.cli import main
+    from qwen38build.engine.plan import make_plan
     from qwen38build.errors import UsageError
-    from qwen38build.plan import make_plan
-    from qwen38build.store import default_root
-    from qwen38build.venv import built_wheels
+    from qwen38build.store.store import default_root
+    from qwen38build.wheels.venv import built_wheels
 
     repo = Path(__file__).resolve().parents[1]
     loaded = recipe.load(repo / "recipe.toml")
@@ -221,7 +222,7 @@ def test_real_env_of_the_repository_is_verified(
     argv = ["--recipe", str(repo / "recipe.toml"), "env", str(dest), "--python", str(python)]
     assert main([*argv, "--json"]) == 0
     site = json.loads(capsys.readouterr().out)["site_packages"]
-    from qwen38build import lock
+    from qwen38build.inputs import lock
 
     build = make_plan(loaded, lock.read(repo)).build_hash
     assert main(["--recipe", str(repo / "recipe.toml"), "verify", site, "--build", build]) == 0

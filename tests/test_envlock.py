@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import bump, envlock, lock, locking, recipe
+from qwen38build.bump import bump
 from qwen38build.errors import LockError, RecipeError
-from qwen38build.store import Store
+from qwen38build.inputs import lock, recipe
+from qwen38build.pinning import pylock as envlock
+from qwen38build.pinning import sources as locking
+from qwen38build.store.store import Store
 from tests.conftest import Project
 from tests.env_fixtures import PIN_REQUIRES, env_project
 
@@ -237,7 +240,7 @@ def test_real_lock_resolves_to_the_committed_packages(tmp_path: Path) -> None:
     for d in ("patches", "kvarn"):
         shutil.copytree(REPO / d, tmp_path / d)
     ld = recipe.load(tmp_path / "recipe.toml")
-    from qwen38build.store import default_root
+    from qwen38build.store.store import default_root
 
     envlock.relock(ld, Store(default_root()))
     got = envlock.packages_of(envlock.pylock_path(tmp_path).read_text(), "new")

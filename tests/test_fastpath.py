@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import fastpath
+from qwen38build.engine import fastpath
 from tests.conftest import Project
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def test_real_project_every_read_file_misses(tmp_path: Path) -> None:
     # and lint reads every pthfa file (its manifest) whatever the outputs.
     (root / "recipe.toml").write_text((root / "recipe.toml").read_text()
                                       + '\n[build]\noutputs = ["vllm", "pylock"]\n')
-    from qwen38build.store import default_root
+    from qwen38build.store.store import default_root
 
     env_sources = str(next((default_root() / "objects").glob("*/vllm-0.32.0-cp38-*.whl")).parent)
     proc = subprocess.run(

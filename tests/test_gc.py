@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import lock, recipe, temproots
-from qwen38build.gc import collect
-from qwen38build.plan import Plan, make_plan
-from qwen38build.store import Store
+from qwen38build.engine.plan import Plan, make_plan
+from qwen38build.inputs import lock, recipe
+from qwen38build.store import temproots
+from qwen38build.store.gc import collect
+from qwen38build.store.store import Store
 from tests.conftest import ENVS, Project
 
 REPO = Path(__file__).resolve().parent.parent
@@ -105,7 +106,7 @@ def test_a_noop_build_keeps_its_result_alive_across_gc(
 HOLDER = """
 import sys, time
 from pathlib import Path
-from qwen38build.store import Store
+from qwen38build.store.store import Store
 store = Store(Path(sys.argv[1]))
 with store.hold() as session:
     work = store.work_dir(session, "scratch")
@@ -212,7 +213,7 @@ def test_a_store_we_may_not_write_still_gets_its_result_link(
     """A shared read-only cache takes no roots from us (we cannot collect it either)."""
     import errno
 
-    from qwen38build import temproots
+    from qwen38build.store import temproots
 
     build = _build(project, capsys, "--no-link")
 

@@ -1,4 +1,4 @@
-"""qwen38build.kernels: per-arch nvcc builds, cubin SM, compile errors, the pthfa wheel."""
+"""qwen38build.kernels.kernels: per-arch nvcc builds, cubin SM, compile errors, the pthfa wheel."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from qwen38build.errors import KernelBuildError
-from qwen38build.kernels import (
+from qwen38build.kernels.kernels import (
     arch_gencode,
     compile_arch,
     cubin_sm,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build.gnupatch import run_patch
-from qwen38build.lineage import Lineage, Origin
-from qwen38build.patchfile import PatchFile
+from qwen38build.series.gnupatch import run_patch
+from qwen38build.series.lineage import Lineage, Origin
+from qwen38build.series.patchfile import PatchFile
 from tests.bump_fixtures import numbered
 from tests.engine_fixtures import write_patch
 

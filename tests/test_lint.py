@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import knobs, lint
 from qwen38build.errors import LintFailed, RecipeError
-from qwen38build.lint import Finding, check, load_for_lint
-from qwen38build.patchfile import marker_for
-from qwen38build.recipe import load
+from qwen38build.inputs.recipe import load
+from qwen38build.lint import lint
+from qwen38build.lint.lint import Finding, check, load_for_lint
+from qwen38build.series import knobs
+from qwen38build.series.patchfile import marker_for
 
 REPO = Path(__file__).resolve().parents[1]
 WHEEL = "vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"

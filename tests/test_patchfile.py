@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qwen38build.errors import PatchFileError
-from qwen38build.patchfile import (
+from qwen38build.series.patchfile import (
     MARKER_PREFIX,
     PatchFile,
     format_headers,

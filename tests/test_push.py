@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import cachehttp
-from qwen38build.signing import SecretKey, write_key_pair
+from qwen38build.cache import transport as cachehttp
+from qwen38build.cache.signing import SecretKey, write_key_pair
 from tests import cache_fixtures as cf
 from tests.conftest import Project
 from tests.test_substituter import no_user_cache_config

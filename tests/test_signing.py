@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build.cli import main
-from qwen38build.errors import InputError
-from qwen38build.signing import (
+from qwen38build.cache.signing import (
     DOMAIN,
     PublicKey,
     SecretKey,
@@ -17,6 +15,8 @@ from qwen38build.signing import (
     signed_bytes,
     trusted_signer,
 )
+from qwen38build.cli import main
+from qwen38build.errors import InputError
 
 RECORD = {"format": 1, "digest": "ab" * 32, "outputs": {"x": {"sha256": "cd" * 32}}}
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from qwen38build.cli import main
-from qwen38build.store import Store
+from qwen38build.store.store import Store
 from tests.conftest import Project
 from tests.engine_fixtures import add_pthfa_sources
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import lock, recipe
-from qwen38build.executor import KINDS, kind_module, kind_version
-from qwen38build.plan import Plan, fetch_step, make_plan
-from qwen38build.store import Store, atomic_write, cheap_ok
-from qwen38build.temproots import digest_lock
+from qwen38build.engine.executor import KINDS, kind_module, kind_version
+from qwen38build.engine.plan import Plan, fetch_step, make_plan
+from qwen38build.inputs import lock, recipe
+from qwen38build.store.store import Store, atomic_write, cheap_ok
+from qwen38build.store.temproots import digest_lock
 from tests.conftest import Project
 from tests.imports_closure import imported_closure
 
@@ -63,7 +63,7 @@ def test_digest_lock_excludes_and_leaves_no_file(tmp_path: Path) -> None:
 
 
 def test_cheap_check_sees_a_restored_mtime_through_ctime(tmp_path: Path) -> None:
-    from qwen38build.store import stat_record
+    from qwen38build.store.store import stat_record
 
     f = tmp_path / "f"
     f.write_bytes(b"good")
@@ -85,8 +85,8 @@ def test_a_copied_store_is_rehashed_once_not_rebuilt(
     capsys.readouterr()
     copy = tmp_path / "copied"
     shutil.copytree(project.store, copy, symlinks=True)  # new inodes and ctimes
-    from qwen38build.executor import realise
-    from qwen38build.report import Reporter
+    from qwen38build.engine.executor import realise
+    from qwen38build.engine.report import Reporter
 
     outcomes = realise([_plan(project).top], Store(copy), Reporter(quiet=True))
     assert not any(o.built for o in outcomes.values())
@@ -108,7 +108,7 @@ def test_editing_a_module_a_kind_uses_changes_its_digest_and_nothing_else(
                     ignore=shutil.ignore_patterns("__pycache__"))
     gnupatch = tmp_path / "qwen38build" / "gnupatch.py"
     gnupatch.write_text(gnupatch.read_text() + "\n# a change\n")
-    probe = ("from qwen38build.executor import kind_version as v; "
+    probe = ("from qwen38build.engine.executor import kind_version as v; "
              "print(v('patch'), v('wheel'), v('cubin'), v('fetch'))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
                          text=True, check=True, env={**os.environ, "PYTHONPATH": str(tmp_path)})
@@ -137,7 +137,7 @@ def test_reproduce_refuses_a_record_from_other_code_honestly(
         monkeypatch: pytest.MonkeyPatch) -> None:
     assert project.run("build", "--json", "-q", "--no-link") == 0
     build = json.loads(capsys.readouterr().out)["build"]
-    from qwen38build import reproduce
+    from qwen38build.engine import reproduce
 
     # the patch kind's code changed since the build: its implementation hash is another
     monkeypatch.setattr(reproduce, "kind_version",

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import table
 from qwen38build.errors import InputError
-from qwen38build.patchfile import format_headers, marker_for
-from qwen38build.recipe import LoadedRecipe, load
+from qwen38build.inputs.recipe import LoadedRecipe, load
+from qwen38build.series import table
+from qwen38build.series.patchfile import format_headers, marker_for
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = Path(__file__).resolve().parents[2] / "shared" / "seed" / "PATCHES.md"

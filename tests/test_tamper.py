@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import lock, recipe
-from qwen38build.plan import Plan, make_plan
-from qwen38build.store import Store
+from qwen38build.engine.plan import Plan, make_plan
+from qwen38build.inputs import lock, recipe
+from qwen38build.store.store import Store
 from tests.conftest import Project
 from tests.engine_fixtures import wheel_name
 

@@ -19,16 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import lock as lockmod
+from qwen38build.engine.executor import realise
+from qwen38build.engine.plan import kernel_steps, make_plan, toolchain_step
+from qwen38build.engine.report import Reporter
 from qwen38build.errors import InputError, RecipeError, UsageError
-from qwen38build.executor import realise
-from qwen38build.kernels import BASE_PATH, cubin_sm, system_nvcc_requested
-from qwen38build.plan import kernel_steps, make_plan, toolchain_step
-from qwen38build.recipe import load
-from qwen38build.report import Reporter
+from qwen38build.inputs import lock as lockmod
+from qwen38build.inputs.recipe import load
+from qwen38build.kernels.kernels import BASE_PATH, cubin_sm, system_nvcc_requested
+from qwen38build.kernels.toolchain import PACKAGES
 from qwen38build.steps.fetch import platform_args
-from qwen38build.store import Store
-from qwen38build.toolchain import PACKAGES
+from qwen38build.store.store import Store
 from tests.conftest import Project
 from tests.engine_fixtures import (
     FAKE_NVCC,
@@ -210,7 +210,7 @@ def test_the_system_nvcc_asked_for_but_absent_is_a_clear_error(
 def test_a_new_cuda_series_in_the_recipe_makes_lock_check_stale(
     tproject: Project, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from qwen38build.locking import check_lock
+    from qwen38build.pinning.sources import check_lock
 
     check_lock(loaded(tproject))  # sources.json (vLLM and toolchain) serves the recipe
     recipe = tproject.root / "recipe.toml"
@@ -247,7 +247,7 @@ def test_lock_pins_the_newest_of_the_series_of_each_package_by_sha256(
         return Path(shutil.copy(built[name], dest))
 
     monkeypatch.setattr("qwen38build.steps.fetch.pip_download", fake_pip)
-    monkeypatch.setattr("qwen38build.locking.pip_download", fake_pip)
+    monkeypatch.setattr("qwen38build.pinning.sources.pip_download", fake_pip)
     lock_file = tproject.root / "lock" / "sources.json"
     lockmod.write(tproject.root, [lockmod.read(tproject.root)["vllm"]])  # toolchain unpinned
     assert tproject.run("lock") == 0
@@ -317,6 +317,6 @@ def test_the_real_toolchain_compiles_pthfa_for_sm90_with_no_system_cuda(
         raise AssertionError("a compiler ran on a cache hit")
 
     monkeypatch.setattr("qwen38build.steps.cubin.compile_arch", no_compile)
-    monkeypatch.setattr("qwen38build.kernels.subprocess.run", no_compile)
+    monkeypatch.setattr("qwen38build.kernels.kernels.subprocess.run", no_compile)
     assert main(argv) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["build"] == first["build"]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build.reproduce import diffoscope_program
-from qwen38build.store import Store
+from qwen38build.engine.reproduce import diffoscope_program
+from qwen38build.store.store import Store
 from tests.conftest import ENVS, SERVER, Project
 
 

@@ -11,8 +11,11 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from qwen38build import bump, verify, wheelzip, workspace
+from qwen38build.bump import bump
 from qwen38build.errors import InputError
+from qwen38build.wheels import installed as verify
+from qwen38build.wheels import wheelzip
+from qwen38build.workspace import workspace
 from tests.engine_fixtures import FILES, make_wheel
 
 HOSTILE = [

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import recipe, workspace
 from qwen38build.errors import InputError
-from qwen38build.patchfile import PatchFile
-from qwen38build.store import Store
+from qwen38build.inputs import recipe
+from qwen38build.series.patchfile import PatchFile
+from qwen38build.store.store import Store
+from qwen38build.workspace import workspace
 from tests.bump_fixtures import PIN, Project, make_project, make_wheel, numbered
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,7 +165,7 @@ def test_real_series_round_trip_is_byte_identical(tmp_path: Path, monkeypatch: p
     sources = [d for d in ("/tmp/wh", "/tmp/wh33") if Path(d).is_dir()]
     if sources:
         monkeypatch.setenv("QWEN38BUILD_SOURCES", ":".join(sources))
-    from qwen38build.store import default_root
+    from qwen38build.store.store import default_root
 
     repo = workspace.create(loaded, Store(default_root()), tmp_path / "ws")
     assert workspace.export(loaded, repo, check=True) == []

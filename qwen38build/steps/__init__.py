@@ -21,15 +21,16 @@ import importlib.util
 from pathlib import Path
 
 ENGINE = (
-    "qwen38build.digest", "qwen38build.errors", "qwen38build.executor", "qwen38build.report",
-    "qwen38build.step", "qwen38build.store", "qwen38build.temproots",
+    "qwen38build.digest", "qwen38build.errors", "qwen38build.engine.executor",
+    "qwen38build.engine.report", "qwen38build.engine.step", "qwen38build.store.store",
+    "qwen38build.store.temproots",
 )
 FIXED = "fixed-output"
 
 
 def modules_of(kind: str) -> list[str]:
     """The modules whose source makes up ``kind``'s implementation, sorted."""
-    from qwen38build.executor import kind_module
+    from qwen38build.engine.executor import kind_module
 
     module = kind_module(kind)
     declared: tuple[str, ...] = module.IMPLEMENTATION
@@ -39,7 +40,7 @@ def modules_of(kind: str) -> list[str]:
 @functools.cache
 def implementation(kind: str) -> str:
     """``kind``'s implementation value: a hash of its modules' source, or FIXED."""
-    from qwen38build.executor import kind_module
+    from qwen38build.engine.executor import kind_module
 
     if getattr(kind_module(kind), "FIXED_OUTPUT", False):
         return FIXED

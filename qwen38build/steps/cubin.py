@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import shutil
 
+from qwen38build.engine.executor import Context
 from qwen38build.errors import KernelBuildError
-from qwen38build.executor import Context
-from qwen38build.kernels import Nvcc, compile_arch, nvcc_version
+from qwen38build.kernels.kernels import Nvcc, compile_arch, nvcc_version
 from qwen38build.steps import ENGINE, toolchain
 
 KIND = "cubin"
-IMPLEMENTATION = (*ENGINE, "qwen38build.kernels", "qwen38build.steps.toolchain",
-                  "qwen38build.wheelzip")
+IMPLEMENTATION = (*ENGINE, "qwen38build.kernels.kernels", "qwen38build.steps.toolchain",
+                  "qwen38build.wheels.wheelzip")
 
 
 def run(ctx: Context) -> None:

@@ -17,15 +17,15 @@ import tempfile
 from pathlib import Path
 
 from qwen38build.digest import copy_hashing
+from qwen38build.engine.executor import Context
 from qwen38build.errors import FetchError
-from qwen38build.executor import Context
 from qwen38build.steps import ENGINE
 
 KIND = "fetch"
 FIXED_OUTPUT = True  # keyed by file name and sha256 alone; see qwen38build.steps
 # (fixed output: the list is not in the digest, but kept whole like every kind's)
-IMPLEMENTATION = (*ENGINE, "qwen38build.wheelzip", "qwen38build.cacheconfig",
-                  "qwen38build.signing")
+IMPLEMENTATION = (*ENGINE, "qwen38build.wheels.wheelzip", "qwen38build.cache.config",
+                  "qwen38build.cache.signing")
 
 
 def run(ctx: Context) -> None:
@@ -42,7 +42,7 @@ def run(ctx: Context) -> None:
             return
     name, version, platform = _from_filename(filename)
     python = str(hints.get("python") or f"{sys.version_info[0]}.{sys.version_info[1]}")
-    from qwen38build.cacheconfig import offline_env
+    from qwen38build.cache.config import offline_env
 
     if offline_env():
         raise FetchError(
@@ -77,7 +77,7 @@ def _check_wheel(path: Path) -> None:
     """A pinned wheel that is no safe zip never enters the store (its sha256 held, so the
     lock pins a bad file: bad input)."""
     if path.suffix == ".whl":
-        from qwen38build.wheelzip import check_wheel
+        from qwen38build.wheels.wheelzip import check_wheel
 
         check_wheel(path)
 

@@ -12,14 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from qwen38build.digest import sha256_file
-from qwen38build.executor import Context
-from qwen38build.gnupatch import describe_failure, run_patch
-from qwen38build.patchfile import PatchFile
+from qwen38build.engine.executor import Context
+from qwen38build.series.gnupatch import describe_failure, run_patch
+from qwen38build.series.patchfile import PatchFile
 from qwen38build.steps import ENGINE
-from qwen38build.wheelzip import extract
+from qwen38build.wheels.wheelzip import extract
 
 KIND = "patch"
-IMPLEMENTATION = (*ENGINE, "qwen38build.gnupatch", "qwen38build.patchfile", "qwen38build.wheelzip")
+IMPLEMENTATION = (*ENGINE, "qwen38build.series.gnupatch", "qwen38build.series.patchfile",
+                  "qwen38build.wheels.wheelzip")
 REPORT = "patch.json"
 TREE = "tree"
 

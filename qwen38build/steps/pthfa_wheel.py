@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import shutil
 
-from qwen38build.executor import Context
-from qwen38build.kernels import write_pthfa_wheel
+from qwen38build.engine.executor import Context
+from qwen38build.kernels.kernels import write_pthfa_wheel
 from qwen38build.steps import ENGINE
 
 KIND = "pthfa-wheel"
-IMPLEMENTATION = (*ENGINE, "qwen38build.kernels")
+IMPLEMENTATION = (*ENGINE, "qwen38build.kernels.kernels")
 
 
 def run(ctx: Context) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shutil
 
-from qwen38build.executor import Context
+from qwen38build.engine.executor import Context
 from qwen38build.steps import ENGINE
 
 KIND = "pylock"

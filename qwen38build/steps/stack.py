@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 
+from qwen38build.engine.executor import Context
 from qwen38build.errors import StoreError
-from qwen38build.executor import Context
 from qwen38build.steps import ENGINE
 
 KIND = "stack"

@@ -15,15 +15,15 @@ import json
 import os
 import zipfile
 
+from qwen38build.engine.executor import Context
 from qwen38build.errors import KernelBuildError
-from qwen38build.executor import Context
-from qwen38build.kernels import Nvcc, nvcc_version
+from qwen38build.kernels.kernels import Nvcc, nvcc_version
 from qwen38build.steps import ENGINE
-from qwen38build.store import Entry
-from qwen38build.wheelzip import extract
+from qwen38build.store.store import Entry
+from qwen38build.wheels.wheelzip import extract
 
 KIND = "toolchain"
-IMPLEMENTATION = (*ENGINE, "qwen38build.kernels", "qwen38build.wheelzip")
+IMPLEMENTATION = (*ENGINE, "qwen38build.kernels.kernels", "qwen38build.wheels.wheelzip")
 #: The record of what was extracted and where nvcc is, read by the cubin steps.
 MANIFEST = "toolchain.json"
 #: Below the toolkit's top folder: what nvcc runs to turn a .cu file into a cubin.

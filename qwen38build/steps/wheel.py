@@ -14,16 +14,17 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from qwen38build.engine.executor import Context
 from qwen38build.errors import CheckFailed
-from qwen38build.executor import Context
 from qwen38build.steps import ENGINE
 from qwen38build.steps import patch as patch_step
-from qwen38build.verify import MANIFEST
-from qwen38build.wheelzip import PatchedWheel, record_hash
+from qwen38build.wheels.installed import MANIFEST
+from qwen38build.wheels.wheelzip import PatchedWheel, record_hash
 
 KIND = "wheel"
-IMPLEMENTATION = (*ENGINE, "qwen38build.gnupatch", "qwen38build.patchfile",
-                  "qwen38build.steps.patch", "qwen38build.verify", "qwen38build.wheelzip")
+IMPLEMENTATION = (*ENGINE, "qwen38build.series.gnupatch", "qwen38build.series.patchfile",
+                  "qwen38build.steps.patch", "qwen38build.wheels.installed",
+                  "qwen38build.wheels.wheelzip")
 LABEL = "q38"
 
 

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from qwen38build import recipe
-from qwen38build.recipe import LoadedRecipe
-from qwen38build.store import Store
+from qwen38build.inputs import recipe
+from qwen38build.inputs.recipe import LoadedRecipe
+from qwen38build.store.store import Store
 from tests import engine_fixtures
 from tests.engine_fixtures import write_patch
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build import recipe
+from qwen38build.inputs import recipe
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHES_DIR = REPO / "patches"

@@ -1,0 +1,1 @@
+"""The bump report: what moving the vLLM pin means for every patch."""

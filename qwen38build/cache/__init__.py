@@ -1,0 +1,1 @@
+"""Binary caches: configuration, HTTP transport, signed records, substitution, push."""

@@ -1,0 +1,225 @@
+"""recipe + lock → the step graph.
+
+The stack has three outputs, each a part of the graph:
+
+- ``vllm``: ``fetch`` (the locked wheel) → ``patch`` (the series) → ``wheel``;
+- ``pthfa``: ``fetch`` (each locked compiler wheel) → ``toolchain`` → ``cubin`` per arch →
+  ``pthfa-wheel``;
+- ``pylock``: the environment lock, checked against what it was locked from.
+
+With more than one output, a ``stack`` step links them into one directory and its digest
+is the build hash; with one, that part's top step is. Parts of the recipe that have no
+buildable content yet are listed as declared, with the reason, and never as steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qwen38build.digest import sha256_file
+from qwen38build.engine.executor import kind_version
+from qwen38build.engine.step import Step
+from qwen38build.errors import LockError
+from qwen38build.inputs import lock as lockmod
+from qwen38build.inputs.recipe import LoadedRecipe
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A recipe part that is declared but has nothing to build, and why."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """``top`` is what the build makes (the build hash is its digest); ``targets`` names
+    every step a caller may need: fetch, patch, wheel, and each output built (vllm, pthfa,
+    pylock)."""
+
+    top: Step
+    targets: dict[str, Step]
+    declared: list[Declared] = field(default_factory=list)
+
+    @property
+    def build_hash(self) -> str:
+        return self.top.digest
+
+
+def locked_vllm(
+    loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel]
+) -> lockmod.LockedWheel:
+    pin = loaded.recipe.vllm
+    entry = locked.get(pin.name)
+    why = lockmod.mismatch(
+        entry, name=pin.name, version=pin.version, python_tag=pin.python_tag,
+        abi_tag=pin.abi_tag, platform_tag=pin.platform_tag,
+    )
+    if why is not None or entry is None:
+        raise LockError(
+            f"{lockmod.lock_path(loaded.root)}: the lock does not match {loaded.path.name}: {why}.",
+            hint="run `qwen38build lock` to re-pin",
+        )
+    return entry
+
+
+def fetch_step(loaded: LoadedRecipe, entry: lockmod.LockedWheel) -> Step:
+    """A fixed-output fetch: its digest is the file name and sha256, nothing else."""
+    return Step(
+        kind="fetch", implementation=kind_version("fetch"), name=entry.filename,
+        params={"filename": entry.filename, "sha256": entry.sha256},
+        hints={"name": entry.name, "version": entry.version, "size": entry.size,
+               "python": loaded.recipe.toolchain.python,
+               # pip is asked for the recipe's target system; it takes any wheel it installs
+               "platform": loaded.recipe.vllm.platform_tag},
+    )
+
+
+def make_plan(
+    loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel], *,
+    only: list[str] | None = None, system_nvcc: bool = False,
+) -> Plan:
+    """The whole graph of a recipe (or of the outputs in ``only``); pure but for hashing
+    the input files and checking the environment lock."""
+    entry = locked_vllm(loaded, locked)
+    fetch = fetch_step(loaded, entry)
+    series = loaded.series_entries()
+    inputs = tuple((e.row_name, sha256_file(e.path)) for e in series)
+    patch = Step(
+        kind="patch", implementation=kind_version("patch"), name="series",
+        params={"package": "vllm", "series": [e.row_name for e in series]},
+        inputs=inputs, deps=(("wheel", fetch),),
+        input_paths={e.row_name: e.path for e in series},
+    )
+    wheel = Step(
+        kind="wheel", implementation=kind_version("wheel"),
+        name=f"{entry.name}-{entry.version}+q38",
+        params={"name": entry.name, "version": entry.version, "package": "vllm"},
+        deps=(("wheel", fetch), ("patched", patch)),
+    )
+    targets = {"fetch": fetch, "patch": patch, "wheel": wheel}
+    outputs = list(loaded.recipe.build.outputs) if only is None else only
+    parts: dict[str, Step] = {}
+    for name in outputs:
+        if name == "vllm":
+            parts[name] = wheel
+        elif name == "pthfa":
+            parts[name] = kernel_steps(loaded, locked=locked, system_nvcc=system_nvcc)[-1]
+        elif name == "pylock":
+            parts[name] = pylock_step(loaded)
+        else:
+            from qwen38build.errors import UsageError
+            from qwen38build.inputs.recipe import OUTPUTS
+
+            raise UsageError(f"command line: --only {name!r} is not an output of the stack.",
+                             hint=f"name one of {', '.join(OUTPUTS)}")
+    targets.update(parts)
+    top = next(iter(parts.values())) if len(parts) == 1 else Step(
+        kind="stack", implementation=kind_version("stack"),
+        name=f"{entry.name}-{entry.version}-stack", params={"outputs": list(parts)},
+        deps=tuple(parts.items()),
+    )
+    return Plan(top=top, targets=targets, declared=declared_parts(loaded))
+
+
+def pylock_step(loaded: LoadedRecipe) -> Step:
+    """The environment lock as an output; LockError when it is missing, edited or stale."""
+    from qwen38build.pinning import pylock as envlock
+
+    path = envlock.check(loaded)
+    return Step(
+        kind="pylock", implementation=kind_version("pylock"), name=path.name,
+        params={}, inputs=((path.name, sha256_file(path)),), input_paths={path.name: path},
+    )
+
+
+def declared_parts(loaded: LoadedRecipe) -> list[Declared]:
+    r, root = loaded.recipe, loaded.root
+    out: list[Declared] = []
+    for g in r.series.groups:
+        if not g.patches:
+            out.append(Declared(f"series group {g.dir}/", "declared, empty: no patches yet"))
+    fa2_diff: Path = root / r.fa2.diff
+    from qwen38build.engine.reads import probe
+
+    probe(fa2_diff)
+    if not fa2_diff.exists() or r.fa2.commit is None:
+        missing = []
+        if r.fa2.commit is None:
+            missing.append("fa2.commit is not pinned")
+        if not fa2_diff.exists():
+            missing.append(f"{r.fa2.diff} does not exist")
+        out.append(Declared("fa2", "declared, not built: " + "; ".join(missing)))
+    return out
+
+
+def toolchain_step(loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel]) -> Step:
+    """The CUDA toolchain: a fetch step per locked compiler wheel, extracted as one entry.
+
+    Its digest covers each wheel's locked file name and sha256 (through the fetch steps) and
+    the recipe's CUDA series; LockError when the lock does not serve that series.
+    """
+    from qwen38build.kernels import toolchain
+
+    entries = toolchain.locked_toolchain(loaded, locked)
+    cuda = toolchain.series(loaded)
+    return Step(
+        kind="toolchain", implementation=kind_version("toolchain"), name=f"cuda-{cuda}-toolchain",
+        params={"cuda": cuda, "top": toolchain.top_dir(cuda)},
+        deps=tuple((e.name, fetch_step(loaded, e)) for e in entries),
+    )
+
+
+def kernel_steps(
+    loaded: LoadedRecipe, archs: list[str] | None = None, *,
+    locked: dict[str, lockmod.LockedWheel] | None = None, system_nvcc: bool = False,
+) -> list[Step]:
+    """One cubin step per CUDA arch (PTX for the newest), then the pthfa wheel step.
+
+    The cubins compile with the locked toolchain (a dependency of each; ``locked`` defaults
+    to reading lock/), so they are planned without any nvcc on this machine. Only with
+    ``system_nvcc`` do they use the nvcc on PATH, and then its ``--version`` text is in
+    their digest (KernelBuildError when there is none).
+    """
+    from qwen38build.inputs.recipe import normalise_arch
+    from qwen38build.kernels.kernels import NVCC_FLAGS, Nvcc, nvcc_version
+
+    r = loaded.recipe
+    src = loaded.root / r.pthfa.path
+    if not (src / "csrc").is_dir():
+        from qwen38build.errors import KernelBuildError
+
+        raise KernelBuildError(f"{src / 'csrc'} does not exist; there are no kernel sources.")
+    csrc = sorted(p for p in (src / "csrc").iterdir() if p.suffix in (".cu", ".cuh", ".h"))
+    sources = tuple((p.name, sha256_file(p)) for p in csrc)
+    compiler: dict[str, str]
+    deps: tuple[tuple[str, Step], ...]
+    if system_nvcc:
+        compiler = {"nvcc": "system", "nvcc_version": nvcc_version(Nvcc.find_system())}
+        deps = ()
+    else:
+        tc = toolchain_step(loaded, lockmod.read(loaded.root) if locked is None else locked)
+        compiler, deps = {"nvcc": "toolchain"}, (("toolchain", tc),)
+    all_archs = list(r.cuda.archs)
+    newest = max(all_archs, key=lambda a: tuple(int(x) for x in a.rstrip("af").split(".")))
+    wanted = [normalise_arch(a) for a in archs] if archs else all_archs
+    cubins = [
+        Step(kind="cubin", implementation=kind_version("cubin"),
+             name=f"pthfa-sm_{a.replace('.', '')}",
+             params={"arch": a, "flags": list(NVCC_FLAGS), "ptx": a == newest, **compiler},
+             inputs=sources, input_paths={p.name: p for p in csrc}, deps=deps)
+        for a in wanted
+    ]
+    pkg = src / "python" / "pthfa"
+    files = sorted(p for p in pkg.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                   and p.suffix not in (".pyc", ".cubin", ".ptx"))
+    names = {p.relative_to(pkg).as_posix(): p for p in files}
+    wheel = Step(
+        kind="pthfa-wheel", implementation=kind_version("pthfa-wheel"), name="pthfa-wheel",
+        params={"version": r.pthfa.tag.lstrip("v"), "archs": wanted},
+        inputs=tuple((n, sha256_file(p)) for n, p in names.items()),
+        deps=tuple((c.name, c) for c in cubins), input_paths=names,
+    )
+    return [*cubins, wheel]

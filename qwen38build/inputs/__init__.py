@@ -1,0 +1,1 @@
+"""The validated boundary: models of every file that comes in (recipe, lock)."""

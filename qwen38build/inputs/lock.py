@@ -1,0 +1,171 @@
+"""lock/ ↔ model: every external input pinned by sha256.
+
+``lock/sources.json`` holds one entry per source (name, version, filename, tags, sha256,
+size). The recipe says what is wanted; the lock says which bytes. A lock that no longer
+matches the recipe is an error naming the entry (run ``qwen38build lock``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from qwen38build.errors import LockError
+
+LOCK_DIR = "lock"
+SOURCES = "sources.json"
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class LockedWheel:
+    name: str
+    version: str
+    filename: str
+    python_tag: str
+    abi_tag: str
+    platform_tag: str
+    sha256: str
+    size: int
+
+
+def lock_path(root: Path) -> Path:
+    return root / LOCK_DIR / SOURCES
+
+
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_FIELDS = tuple(f.name for f in fields(LockedWheel))
+
+
+def read(root: Path) -> dict[str, LockedWheel]:
+    """The lock's sources by name; LockError naming the file and the place where it is wrong.
+
+    Every field is checked before anything uses it (a file name reaches the store and pip):
+    the file name is a plain wheel file name agreeing with its entry, sha256 is 64 lowercase
+    hex digits, size a positive integer. Every problem is collected, the first is raised.
+    """
+    path = lock_path(root)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise LockError(
+            f"{path}: no lock file.", hint="run `qwen38build lock` to pin the sources"
+        ) from None
+    except OSError as exc:
+        raise LockError(f"{path}: cannot be read ({exc.strerror}).",
+                        hint="make it a readable regular file, or re-run `qwen38build lock`",
+                        ) from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise LockError(f"{path}: not valid JSON: {exc}.",
+                        hint="re-run `qwen38build lock` to rewrite it") from None
+    problems = _problems(data)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise LockError(f"{path}:{problems[0]}{more}.",
+                        hint="re-run `qwen38build lock` to rewrite it")
+    return {e["name"]: LockedWheel(**e) for e in data["sources"]}
+
+
+def _problems(data: object) -> list[str]:
+    """Every problem of the parsed lock, each as ``PLACE: what is wrong``."""
+    if not isinstance(data, dict):
+        return [f"(top): must be a JSON object, not {type(data).__name__}"]
+    problems = [f"{k}: unknown key" for k in sorted(set(data) - {"format", "sources"})]
+    if data.get("format") != FORMAT or isinstance(data.get("format"), bool):
+        problems.append(f"format: must be {FORMAT}, not {data.get('format')!r}")
+    sources = data.get("sources")
+    if not isinstance(sources, list):
+        return [*problems, f"sources: must be a list, not {type(sources).__name__}"]
+    names: set[str] = set()
+    for i, entry in enumerate(sources):
+        where = f"sources[{i}]"
+        if not isinstance(entry, dict):
+            problems.append(f"{where}: must be an object, not {type(entry).__name__}")
+            continue
+        problems += [f"{where}.{k}: unknown key" for k in sorted(set(entry) - set(_FIELDS))]
+        problems += [f"{where}.{k}: missing" for k in _FIELDS if k not in entry]
+        problems += [f"{where}.{p}" for p in _entry_problems(entry)]
+        name = entry.get("name")
+        if isinstance(name, str):
+            if name in names:
+                problems.append(f"{where}.name: {name!r} is locked twice")
+            names.add(name)
+    return problems
+
+
+def _entry_problems(entry: dict[str, Any]) -> list[str]:
+    problems = []
+    for key in _FIELDS:
+        value = entry.get(key)
+        if key not in entry:
+            continue
+        if key == "size":
+            if type(value) is not int or value <= 0:
+                problems.append(f"size: {value!r} is not a positive whole number of bytes")
+        elif not isinstance(value, str) or not value or value != value.strip() \
+                or not value.isprintable():
+            problems.append(f"{key}: {value!r} is not a plain non-empty string")
+    if problems or any(key not in entry for key in _FIELDS):
+        return problems  # the missing keys are reported by the caller
+    if not _SHA256_RE.fullmatch(entry["sha256"]):
+        problems.append(f"sha256: {entry['sha256']!r} is not 64 lowercase hex digits")
+    try:
+        want_version: Version | None = Version(entry["version"])
+    except InvalidVersion:
+        want_version = None
+        problems.append(f"version: {entry['version']!r} is not a PEP 440 version")
+    filename = entry["filename"]
+    if "/" in filename or "\\" in filename or filename in (".", "..") \
+            or filename.startswith("."):
+        problems.append(f"filename: {filename!r} is not a plain file name")
+        return problems
+    try:
+        name, version, _build, tags = parse_wheel_filename(filename)
+    except (InvalidWheelFilename, InvalidVersion) as exc:
+        problems.append(f"filename: {filename!r} is not a wheel file name ({exc})")
+        return problems
+    if name != canonicalize_name(entry["name"]):
+        problems.append(f"filename: {filename!r} is not a wheel of {entry['name']!r}")
+    if want_version is not None and version != want_version:
+        problems.append(f"filename: {filename!r} is not version {entry['version']!r}")
+    want = f"{entry['python_tag']}-{entry['abi_tag']}-{entry['platform_tag']}"
+    if not filename.endswith(f"-{want}.whl") or not tags:
+        problems.append(f"filename: {filename!r} does not carry the tags {want!r}")
+    return problems
+
+
+def write(root: Path, entries: list[LockedWheel]) -> Path:
+    path = lock_path(root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body: dict[str, Any] = {
+        "format": FORMAT,
+        "sources": [asdict(e) for e in sorted(entries, key=lambda e: e.name)],
+    }
+    from qwen38build.store.store import atomic_write
+
+    atomic_write(path, (json.dumps(body, indent=2, sort_keys=True) + "\n").encode())
+    return path
+
+
+def mismatch(
+    entry: LockedWheel | None, *, name: str, version: str, python_tag: str, abi_tag: str,
+    platform_tag: str,
+) -> str | None:
+    """Why the lock's entry does not serve the recipe's source, or None."""
+    if entry is None:
+        return f"no entry for {name!r}"
+    want = {"version": version, "python_tag": python_tag, "abi_tag": abi_tag,
+            "platform_tag": platform_tag}
+    for key, value in want.items():
+        have = getattr(entry, key)
+        if have != value:
+            return f"{name}.{key} is {have!r} in the lock but {value!r} in the recipe"
+    return None

@@ -1,0 +1,1 @@
+"""CUDA kernels: the locked toolchain, nvcc per arch, the pthfa wheel."""

@@ -1,0 +1,329 @@
+"""Kernel builds: compile CUDA sources per arch with nvcc, and pack the pthfa wheel.
+
+A library module: no printing. A failed compile raises :class:`KernelBuildError` naming the
+arch, the file and the line of nvcc's first error.
+
+The compiler is an explicit :class:`Nvcc`: the locked toolchain's (the default of every
+build) or, only when the user asks, the system's. Either runs with a scrubbed environment:
+``LC_ALL=C``, ``TZ=UTC``, ``PATH`` = the compiler's own folder then ``/usr/bin:/bin`` (the
+host compiler), ``HOME`` and ``TMPDIR`` inside the temporary directory, and nothing else
+(no ``CUDA_HOME``: nvcc finds its headers and back ends beside itself, by nvcc.profile).
+
+Determinism: every compile runs in a fresh temporary directory holding copies of the sources
+(so no absolute path of the caller's tree reaches nvcc), with fixed flags. Several sources
+are compiled as one unit through a generated file that includes each, in the order given, so
+one cubin per arch holds every kernel.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from qwen38build.errors import KernelBuildError
+
+__all__ = [
+    "BASE_PATH",
+    "NVCC_ENV",
+    "NVCC_FLAGS",
+    "Nvcc",
+    "arch_gencode",
+    "compile_arch",
+    "cubin_sm",
+    "nvcc_version",
+    "write_pthfa_wheel",
+]
+
+#: Flags every compile gets, besides the target and the output kind.
+NVCC_FLAGS: tuple[str, ...] = ("-O3", "-std=c++17", "--restrict")
+
+_ARCH_RE = re.compile(r"^(\d{1,2})\.(\d)$")
+# nvcc front end ("file(12): error: ..."), host compiler ("file:12:3: error: ..."),
+# ptxas ("ptxas ... error   : ..., line 12; ...").
+_FRONT_ERR = re.compile(r"^(?P<file>[^\s:()][^:()]*)\((?P<line>\d+)\): (?:catastrophic )?error")
+_HOST_ERR = re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:\d+:)? (?:fatal )?error")
+_PTXAS_ERR = re.compile(r"ptxas.*error\s*:.*?(?:line (?P<line>\d+))?")
+_UNIT = "__pthfa_unit__.cu"
+
+
+#: Where the host compiler and the shell tools nvcc calls are found; nothing else is searched.
+BASE_PATH = "/usr/bin:/bin"
+#: The variable that asks for the system nvcc instead of the locked toolchain's.
+NVCC_ENV = "QWEN38BUILD_NVCC"
+
+
+@dataclass(frozen=True)
+class Nvcc:
+    """One nvcc and the ``PATH`` it runs with: its own folder first, then :data:`BASE_PATH`."""
+
+    exe: Path
+    system: bool = False
+
+    @classmethod
+    def find_system(cls) -> Nvcc:
+        """The ``nvcc`` on the caller's ``PATH``; used only when the user asked for it."""
+        found = shutil.which("nvcc")
+        if found is None:
+            raise KernelBuildError(
+                "the system nvcc was asked for (--system-nvcc or QWEN38BUILD_NVCC=system), "
+                "but no nvcc is on PATH.",
+                hint="drop the request to compile with the locked toolchain, or put nvcc on PATH",
+            )
+        return cls(Path(found), system=True)
+
+    def env(self, tmp: Path | None = None) -> dict[str, str]:
+        env = {"LC_ALL": "C", "LANG": "C", "TZ": "UTC",
+               "PATH": f"{self.exe.parent}{os.pathsep}{BASE_PATH}"}
+        if tmp is not None:
+            env["HOME"] = env["TMPDIR"] = str(tmp)
+        return env
+
+
+def system_nvcc_requested(flag: bool) -> bool:
+    """Whether the user asked for the system nvcc: the flag, or ``QWEN38BUILD_NVCC=system``."""
+    value = os.environ.get(NVCC_ENV, "")
+    if value not in ("", "system", "toolchain"):
+        from qwen38build.errors import UsageError
+
+        raise UsageError(f"{NVCC_ENV}={value!r} is not a choice: use 'system' or 'toolchain'.")
+    return flag or value == "system"
+
+
+def nvcc_version(nvcc: Nvcc | None = None) -> str:
+    """The full text ``nvcc --version`` prints (the system nvcc's is part of its digest)."""
+    nvcc = nvcc or Nvcc.find_system()
+    try:
+        proc = subprocess.run(
+            [str(nvcc.exe), "--version"], capture_output=True, text=True, env=nvcc.env(),
+            check=False,
+        )
+    except OSError as exc:
+        raise KernelBuildError(f"cannot run {str(nvcc.exe)!r}: {exc}") from exc
+    if proc.returncode != 0:
+        raise KernelBuildError(
+            f"{nvcc.exe} --version exited {proc.returncode}: {proc.stderr.strip()}"
+        )
+    return proc.stdout
+
+
+def arch_gencode(arch: str) -> tuple[int, str]:
+    """Canonical arch ("9.0") -> (90, "arch=compute_90,code=sm_90")."""
+    m = _ARCH_RE.match(arch)
+    if not m:
+        raise KernelBuildError(
+            f"CUDA arch {arch!r} is not canonical: expected MAJOR.MINOR such as '9.0'"
+        )
+    sm = int(m.group(1)) * 10 + int(m.group(2))
+    return sm, f"arch=compute_{sm},code=sm_{sm}"
+
+
+def _first_error(stderr: str, names: dict[str, str]) -> tuple[str, int | None, str]:
+    """(file, line, the error line) of nvcc's first error; file mapped back to the source."""
+    for raw in stderr.splitlines():
+        line = raw.strip()
+        for rx in (_FRONT_ERR, _HOST_ERR):
+            m = rx.match(line)
+            if m:
+                fname = Path(m.group("file")).name
+                return names.get(fname, fname), int(m.group("line")), line
+        if line.startswith("ptxas") and "error" in line:
+            pm = _PTXAS_ERR.search(line)
+            ln = int(pm.group("line")) if pm and pm.group("line") else None
+            return "<ptxas>", ln, line
+    first = next((s.strip() for s in stderr.splitlines() if s.strip()), "(no output)")
+    return "<unknown>", None, first
+
+
+def _run_nvcc(
+    nvcc: Nvcc, cmd: list[str], cwd: Path, arch: str, names: dict[str, str]
+) -> None:
+    try:
+        proc = subprocess.run(
+            cmd, cwd=cwd, capture_output=True, text=True, env=nvcc.env(cwd.parent), check=False,
+        )
+    except OSError as exc:
+        raise KernelBuildError(f"arch {arch}: cannot run {cmd[0]!r}: {exc}") from exc
+    if proc.returncode != 0:
+        fname, line, text = _first_error(proc.stderr + proc.stdout, names)
+        where = f"{fname}:{line}" if line is not None else fname
+        raise KernelBuildError(
+            f"nvcc failed for arch {arch} at {where}: {text}",
+            hint="the full nvcc output:\n" + (proc.stderr + proc.stdout).strip(),
+        )
+
+
+def compile_arch(
+    sources: list[Path],
+    arch: str,
+    out_dir: Path,
+    *,
+    nvcc: Nvcc | None = None,
+    ptx: bool = False,
+) -> list[Path]:
+    """Compile ``sources`` (.cu, plus headers they include) into ``out_dir/sm_XY.cubin``.
+
+    Headers (anything not ending in ``.cu``) are copied beside the sources but not compiled
+    directly. With ``ptx=True`` also writes ``out_dir/compute_XY.ptx`` (for the newest arch, so
+    later GPUs can JIT it). Returns the written paths, cubin first. ``nvcc`` defaults to
+    the system's (for direct callers; the build's steps always pass one).
+    """
+    sm, gencode = arch_gencode(arch)
+    if not sources:
+        raise KernelBuildError(f"arch {arch}: no sources to compile")
+    names: dict[str, str] = {}
+    for src in sources:
+        if not src.is_file():
+            raise KernelBuildError(f"arch {arch}: source {src} does not exist")
+        if src.name in names or src.name == _UNIT:
+            raise KernelBuildError(f"arch {arch}: two sources share the file name {src.name!r}")
+        names[src.name] = str(src)
+    units = [s.name for s in sources if s.suffix == ".cu"]
+    if not units:
+        raise KernelBuildError(f"arch {arch}: no .cu file among the sources")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    nvcc = nvcc or Nvcc.find_system()
+    with tempfile.TemporaryDirectory(prefix="qwen38build-nvcc-") as tmp:
+        work = Path(tmp) / "src"
+        work.mkdir()
+        for src in sources:
+            shutil.copyfile(src, work / src.name)
+        (work / _UNIT).write_text("".join(f'#include "{u}"\n' for u in units))
+        base = [str(nvcc.exe), *NVCC_FLAGS]
+        cubin = f"sm_{sm}.cubin"
+        _run_nvcc(
+            nvcc, [*base, "-cubin", "-gencode", gencode, "-o", cubin, _UNIT], work, arch, names
+        )
+        outs = [out_dir / cubin]
+        shutil.copyfile(work / cubin, outs[0])
+        if ptx:
+            ptx_name = f"compute_{sm}.ptx"
+            ptx_cmd = [*base, "-ptx", f"-arch=compute_{sm}", "-o", ptx_name, _UNIT]
+            _run_nvcc(nvcc, ptx_cmd, work, arch, names)
+            outs.append(out_dir / ptx_name)
+            shutil.copyfile(work / ptx_name, outs[1])
+    got = cubin_sm(outs[0])
+    if got != sm:
+        raise KernelBuildError(f"arch {arch}: nvcc wrote a cubin for sm_{got}, not sm_{sm}")
+    return outs
+
+
+def cubin_sm(path: Path) -> int:
+    """The SM version (e.g. 90) a cubin was built for, from bits 8-15 of its ELF e_flags."""
+    data = path.read_bytes()[:64]
+    if len(data) < 52 or data[:4] != b"\x7fELF":
+        raise KernelBuildError(f"{path} is not an ELF file (no cubin)")
+    if data[4] == 2:  # ELFCLASS64
+        (flags,) = struct.unpack_from("<I", data, 48)
+    elif data[4] == 1:
+        (flags,) = struct.unpack_from("<I", data, 36)
+    else:
+        raise KernelBuildError(f"{path}: unknown ELF class {data[4]}")
+    return int((flags >> 8) & 0xFF)
+
+
+# ---------------------------------------------------------------------------------------------
+# wheel
+
+
+_ZIP_EPOCH_MIN = 315532800  # 1980-01-01T00:00:00Z, the earliest time a zip entry can hold
+
+
+def _zip_time(epoch: int | None) -> tuple[int, int, int, int, int, int]:
+    if epoch is None or epoch < _ZIP_EPOCH_MIN:
+        return (1980, 1, 1, 0, 0, 0)
+    import time
+
+    t = time.gmtime(epoch)
+    return (t.tm_year, t.tm_mon, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec - t.tm_sec % 2)
+
+
+def _wheel_version(version: str) -> str:
+    v = version[1:] if version[:1] in ("v", "V") else version
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)*([A-Za-z0-9.+]*)", v):
+        raise KernelBuildError(f"pthfa version {version!r} is not a version (e.g. v0.1.0)")
+    return v
+
+
+def _record_hash(data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"sha256={digest}"
+
+
+def write_pthfa_wheel(
+    package_dir: Path,
+    cubins: list[Path],
+    out_dir: Path,
+    version: str,
+    *,
+    epoch: int | None = None,
+    tag: str = "py3-none-linux_x86_64",
+) -> Path:
+    """Write ``pthfa-<version>-<tag>.whl`` into ``out_dir``; same inputs, same bytes.
+
+    ``package_dir`` is the Python package (``pthfa/python/pthfa``): its files go under
+    ``pthfa/`` (``__pycache__``, ``*.pyc`` and any ``cubins/`` already there left out); the
+    ``cubins`` (and ``.ptx`` files) go under ``pthfa/cubins/`` by file name. Members are
+    sorted, dated 1980-01-01 (or ``epoch``, e.g. SOURCE_DATE_EPOCH), mode 0o644, deflated.
+    """
+    ver = _wheel_version(version)
+    if not (package_dir / "__init__.py").is_file():
+        raise KernelBuildError(f"{package_dir} is not a Python package (no __init__.py)")
+    files: dict[str, bytes] = {}
+    for path in sorted(package_dir.rglob("*")):
+        rel = path.relative_to(package_dir)
+        if not path.is_file() or "__pycache__" in rel.parts or path.suffix == ".pyc":
+            continue
+        if rel.parts[0] == "cubins":
+            continue
+        files[f"pthfa/{rel.as_posix()}"] = path.read_bytes()
+    seen: set[str] = set()
+    for cub in cubins:
+        if cub.name in seen:
+            raise KernelBuildError(f"two cubins share the file name {cub.name!r}")
+        seen.add(cub.name)
+        files[f"pthfa/cubins/{cub.name}"] = cub.read_bytes()
+    dist = f"pthfa-{ver}.dist-info"
+    files[f"{dist}/METADATA"] = (
+        "Metadata-Version: 2.1\n"
+        "Name: pthfa\n"
+        f"Version: {ver}\n"
+        "Summary: int8 per-token-head paged KV cache attention kernels (cubins + launcher)\n"
+        "Requires-Python: >=3.10\n"
+    ).encode()
+    files[f"{dist}/WHEEL"] = (
+        "Wheel-Version: 1.0\n"
+        "Generator: qwen38build.kernels.kernels\n"
+        "Root-Is-Purelib: false\n"
+        f"Tag: {tag}\n"
+    ).encode()
+    record_name = f"{dist}/RECORD"
+    record = "".join(
+        f"{name},{_record_hash(data)},{len(data)}\n" for name, data in sorted(files.items())
+    )
+    record += f"{record_name},,\n"
+    files[record_name] = record.encode()
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"pthfa-{ver}-{tag}.whl"
+    tmp = out.with_name(out.name + ".tmp")
+    date_time = _zip_time(epoch)
+    # RECORD last, as the wheel spec recommends; everything else sorted.
+    order = [*sorted(n for n in files if n != record_name), record_name]
+    with zipfile.ZipFile(tmp, "w") as zf:
+        for name in order:
+            info = zipfile.ZipInfo(name, date_time=date_time)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.create_system = 3
+            info.external_attr = (0o100644 & 0xFFFF) << 16
+            zf.writestr(info, files[name], compresslevel=9)
+    tmp.replace(out)
+    return out

@@ -1,0 +1,408 @@
+"""The stack's Python environment, locked with hashes by uv into ``lock/pylock.toml``.
+
+What is locked: the pinned vLLM wheel's runtime requirements (its METADATA ``Requires-Dist``
+for the recipe's Python and platform), what pthfa needs at run time (CuPy for the recipe's
+CUDA major) and torch as the recipe names it, for the recipe's Python and platform
+(``[environment] platform``, else the vLLM wheel's). uv (a pinned dependency of this
+package) writes a PEP 751 ``pylock.toml`` of wheels only: making the environment never
+builds from source. Beside it, ``lock/pylock.inputs.json`` records what the lock was
+made from and the lock file's sha256, so that ``check`` tells a stale or edited lock without
+network. A torch that the pin's own requirements exclude is refused before uv runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from qwen38build.digest import sha256_bytes, sha256_file, sha256_json
+from qwen38build.errors import InputError, LockError, Qwen38BuildError
+from qwen38build.inputs import lock as lockmod
+from qwen38build.inputs.recipe import LoadedRecipe
+
+PYLOCK = "pylock.toml"
+INPUTS = "pylock.inputs.json"
+FORMAT = 2  # 2: wheels only (--only-binary :all:)
+HEADER = (
+    "# The Python environment of the stack, locked with hashes by `qwen38build lock`\n"
+    "# (uv pip compile). Do not edit: lock/pylock.inputs.json records what it was locked\n"
+    "# from and this file's sha256, and `qwen38build lock --check` compares both.\n"
+)
+_MANYLINUX = re.compile(r"^manylinux_(\d+)_(\d+)_(x86_64|aarch64)$")
+
+
+class UvError(Qwen38BuildError):
+    """uv failed; the message carries the tail of its output."""
+
+
+def pylock_path(root: Path) -> Path:
+    return root / lockmod.LOCK_DIR / PYLOCK
+
+
+def inputs_path(root: Path) -> Path:
+    return root / lockmod.LOCK_DIR / INPUTS
+
+
+# -- the target: the recipe's Python and platform -----------------------------------------
+
+
+def uv_platform(platform_tag: str) -> str:
+    """uv's ``--python-platform`` for a wheel platform tag (``manylinux_2_28_x86_64``)."""
+    m = _MANYLINUX.match(platform_tag)
+    if m is None:
+        raise InputError(
+            f"[vllm] platform_tag {platform_tag!r}: the environment can be locked for "
+            "manylinux_X_Y_x86_64 or manylinux_X_Y_aarch64 only.",
+        )
+    return f"{m.group(3)}-manylinux_{m.group(1)}_{m.group(2)}"
+
+
+def marker_env(python: str, platform_tag: str) -> dict[str, str]:
+    """The PEP 508 marker values of the target (not of this machine)."""
+    machine = uv_platform(platform_tag).split("-", 1)[0]
+    full = python if python.count(".") >= 2 else f"{python}.0"
+    return {
+        "python_version": ".".join(python.split(".")[:2]), "python_full_version": full,
+        "implementation_name": "cpython", "implementation_version": full,
+        "platform_python_implementation": "CPython", "sys_platform": "linux",
+        "platform_system": "Linux", "os_name": "posix", "platform_machine": machine,
+        "platform_release": "", "platform_version": "", "extra": "",
+    }
+
+
+def cupy_requirement(cuda: str) -> str:
+    """CuPy's wheel for the CUDA major (``13.0`` → ``cupy-cuda13x``): pthfa's kernels load
+    through CuPy's RawModule at run time."""
+    return f"cupy-cuda{Version(cuda).major}x"
+
+
+# -- the pin's requirements ----------------------------------------------------------------
+
+
+def requires_dist(wheel: Path) -> list[str]:
+    """The ``Requires-Dist`` lines of the wheel's METADATA, in order."""
+    from email.parser import BytesHeaderParser
+
+    from qwen38build.wheels.wheelzip import open_wheel
+
+    z = open_wheel(wheel)  # shared within the process: not closed here
+    names = [n for n in z.namelist()
+             if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+    if len(names) != 1:
+        raise InputError(f"{wheel.name}: holds {len(names)} dist-info METADATA files, "
+                         "not one.")
+    meta = BytesHeaderParser().parsebytes(z.read(names[0]))
+    return [str(v) for v in meta.get_all("Requires-Dist") or []]
+
+
+def runtime_requirements(lines: list[str], env: dict[str, str], where: str) -> list[Requirement]:
+    """The requirements that apply on the target with no extra selected."""
+    out = []
+    for line in lines:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as exc:
+            raise InputError(f"{where}: Requires-Dist {line!r} is not valid: {exc}.") from exc
+        if req.marker is None or req.marker.evaluate(env):
+            out.append(req)
+    return out
+
+
+def check_torch(loaded: LoadedRecipe, pin: str, reqs: list[Requirement]) -> None:
+    """Refuse, in one line, a recipe torch that the pin's requirements exclude."""
+    torch = loaded.recipe.toolchain.torch
+    for req in reqs:
+        if canonicalize_name(req.name) != "torch" or req.specifier.contains(
+                torch, prereleases=True):
+            continue
+        want = required_version(req)
+        fix = f'set torch = "{want}"' if want else f"pick a torch within {req.specifier}"
+        raise LockError(
+            f"{loaded.path}: [toolchain] torch = \"{torch}\" contradicts the pin: "
+            f"{pin} requires {req}; {fix} in [toolchain], then run `qwen38build lock`."
+        )
+
+
+def torch_for(loaded: LoadedRecipe, pin: str, reqs: list[Requirement]) -> str:
+    """The recipe's torch when the pin allows it, else the one version the pin requires
+    (``torch==V``); a pin that allows neither is refused as ``check_torch`` does."""
+    torch = loaded.recipe.toolchain.torch
+    for req in reqs:
+        if canonicalize_name(req.name) == "torch" and not req.specifier.contains(
+                torch, prereleases=True):
+            want = required_version(req)
+            if want is None:
+                check_torch(loaded, pin, reqs)
+            return str(want)
+    return torch
+
+
+def required_version(req: Requirement) -> str | None:
+    """The one version an ``==V`` requirement allows, else None."""
+    specs = list(req.specifier)
+    if len(specs) == 1 and specs[0].operator in ("==", "===") and "*" not in specs[0].version:
+        return specs[0].version
+    return None
+
+
+# -- what the lock is made from ------------------------------------------------------------
+
+
+def inputs(loaded: LoadedRecipe, entry: lockmod.LockedWheel, torch: str | None = None
+           ) -> dict[str, Any]:
+    """Everything the lock depends on, known without network: the pinned wheel's bytes fix
+    its requirements; the recipe fixes the rest."""
+    tc = loaded.recipe.toolchain
+    torch = torch or tc.torch
+    return {
+        "format": FORMAT,
+        "vllm": f"{entry.name}=={entry.version}",
+        "vllm_sha256": entry.sha256,
+        "python": tc.python,
+        "platform": target_platform(loaded, entry),
+        "torch": torch,
+        "cuda": tc.cuda,
+        "extra": [cupy_requirement(tc.cuda), f"torch=={torch}"],
+    }
+
+
+@dataclass(frozen=True)
+class Locked:
+    """A computed environment lock, not yet written."""
+
+    text: str
+    inputs: dict[str, Any]
+    requirements: list[str] = field(default_factory=list)
+
+    @property
+    def packages(self) -> dict[str, str]:
+        return packages_of(self.text, PYLOCK)
+
+
+def target_platform(loaded: LoadedRecipe, entry: lockmod.LockedWheel) -> str:
+    """The wheel platform the environment is locked for: ``[environment] platform``, else
+    the pinned vLLM wheel's own."""
+    env = loaded.recipe.environment
+    return env.platform if env is not None else entry.platform_tag
+
+
+def pin_requirements(loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path
+                     ) -> list[Requirement]:
+    """The runtime requirements of the pinned ``wheel`` on the recipe's target."""
+    env = marker_env(loaded.recipe.toolchain.python, target_platform(loaded, entry))
+    return runtime_requirements(requires_dist(wheel), env, f"{entry.filename} METADATA")
+
+
+def compute(
+    loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path, *, torch: str | None = None
+) -> Locked:
+    """Lock the environment of ``wheel`` (the pin ``entry``) through uv; writes nothing.
+
+    ``torch`` overrides the recipe's (bump moves it to what a new pin requires); without
+    it a recipe torch that the pin excludes is refused before uv runs.
+    """
+    tc = loaded.recipe.toolchain
+    pin = f"{entry.name} {entry.version}"
+    reqs = pin_requirements(loaded, entry, wheel)
+    if torch is None:
+        check_torch(loaded, pin, reqs)
+    spec = inputs(loaded, entry, torch)
+    lines = [str(r) for r in reqs] + list(spec["extra"])
+    with tempfile.TemporaryDirectory(prefix="q38-envlock.") as tmp:
+        req_in = Path(tmp) / "requirements.in"
+        req_in.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+        out = Path(tmp) / PYLOCK
+        uv(["pip", "compile", str(req_in), "--python-version", tc.python,
+            "--python-platform", uv_platform(target_platform(loaded, entry)),
+            "--format", "pylock.toml", "--generate-hashes", "--only-binary", ":all:",
+            "--no-header", "--quiet", "--no-python-downloads", "-o", str(out)],
+           what=f"lock the Python environment of {pin}")
+        body = out.read_text(encoding="utf-8")
+    return Locked(HEADER + body, spec, lines)
+
+
+def write(root: Path, locked: Locked) -> Path:
+    """Write lock/pylock.toml and its inputs record (each atomically); returns the lock."""
+    from qwen38build.pinning import uv as uvbin
+
+    path = pylock_path(root)
+    data = locked.text.encode("utf-8")
+    record = {
+        "inputs": locked.inputs,
+        "inputs_digest": sha256_json(locked.inputs),
+        "pylock_sha256": sha256_bytes(data),
+        "requirements": locked.requirements,
+        "locked_by": f"uv {uvbin.version()}",
+    }
+    _atomic(path, data)
+    _atomic(inputs_path(root), (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+    return path
+
+
+def _atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)  # a lock file is shared project content, not a secret
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# -- the interface: relock and check ---------------------------------------------------------
+
+
+def relock(loaded: LoadedRecipe, store: Any) -> Path:
+    """Lock the environment of the pinned wheel (fetched through the store) and write it."""
+    from qwen38build.engine.plan import locked_vllm
+    from qwen38build.workspace.workspace import wheel_in_store
+
+    entry = locked_vllm(loaded, lockmod.read(loaded.root))
+    wheel = wheel_in_store(loaded, store, entry)
+    return write(loaded.root, compute(loaded, entry, wheel))
+
+
+def check(loaded: LoadedRecipe) -> Path:
+    """The environment lock's path; LockError when it is missing, edited or stale.
+
+    No network and no store: the inputs record says what the lock was made from, and
+    that is compared with the recipe and lock/sources.json.
+    """
+    from qwen38build.engine.plan import locked_vllm
+
+    root = loaded.root
+    path, side = pylock_path(root), inputs_path(root)
+    redo = "run `qwen38build lock` to lock the Python environment again"
+    if not path.is_file() or not side.is_file():
+        missing = path if not path.is_file() else side
+        raise LockError(f"{missing}: missing, so the Python environment is not locked; "
+                        f"{redo}.")
+    try:
+        record = json.loads(side.read_text(encoding="utf-8"))
+        recorded, sha = record["inputs"], record["pylock_sha256"]
+        if not isinstance(recorded, dict) or not isinstance(sha, str):
+            raise TypeError("inputs must be a table and pylock_sha256 a string")
+        if sha256_json(recorded) != record["inputs_digest"]:
+            raise ValueError("its inputs do not hash to its inputs_digest: it was edited")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LockError(f"{side}: not a valid inputs record ({exc}); {redo}.") from None
+    now = sha256_file(path)
+    if now != sha:
+        raise LockError(
+            f"{path}: its content changed since it was locked (sha256 {now[:16]}…, "
+            f"{side.name} records {sha[:16]}…); {redo}."
+        )
+    packages_of(path.read_text(encoding="utf-8"), str(path))
+    entry = locked_vllm(loaded, lockmod.read(root))
+    want = inputs(loaded, entry)
+    moved = [f"{k} {recorded.get(k)!r} → {want[k]!r}"
+             for k in sorted(set(want) | set(recorded)) if recorded.get(k) != want.get(k)]
+    if moved:
+        raise LockError(f"{path}: stale: locked for other inputs ({'; '.join(moved)}); {redo}.")
+    return path
+
+
+# -- reading a lock --------------------------------------------------------------------------
+
+
+def packages_of(text: str, where: str) -> dict[str, str]:
+    """name → version of every package of a pylock.toml; every artifact must carry a hash."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise LockError(f"{where}: not valid TOML: {exc}.") from None
+    out: dict[str, str] = {}
+    for i, pkg in enumerate(data.get("packages", [])):
+        name, version = pkg.get("name"), pkg.get("version")
+        if not isinstance(name, str) or not isinstance(version, str):
+            raise LockError(f"{where}: packages[{i}] has no name or version.")
+        artifacts = [*pkg.get("wheels", []), *([pkg["sdist"]] if "sdist" in pkg else [])]
+        if not artifacts or any(not a.get("hashes") for a in artifacts):
+            raise LockError(f"{where}: packages[{i}] ({name}) has a file without a hash.")
+        out[canonicalize_name(name)] = version
+    return out
+
+
+@dataclass(frozen=True)
+class EnvMove:
+    """What moved between two environment locks."""
+
+    changed: tuple[tuple[str, str, str], ...]  # name, old, new
+    added: tuple[tuple[str, str], ...]
+    removed: tuple[tuple[str, str], ...]
+    unchanged: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "changed": [{"name": n, "from": a, "to": b} for n, a, b in self.changed],
+            "added": [{"name": n, "version": v} for n, v in self.added],
+            "removed": [{"name": n, "version": v} for n, v in self.removed],
+            "unchanged": self.unchanged,
+        }
+
+    def lines(self) -> list[str]:
+        out = [f"- {n} {a} → {b}" for n, a, b in self.changed]
+        out += [f"- added {n} {v}" for n, v in self.added]
+        out += [f"- removed {n} {v}" for n, v in self.removed]
+        return [*out, f"- {self.unchanged} package(s) unchanged"]
+
+
+_FIRST = ("torch", "triton")
+
+
+def _order(name: str) -> tuple[int, str]:
+    return (_FIRST.index(name) if name in _FIRST else len(_FIRST), name)
+
+
+def diff(old: dict[str, str], new: dict[str, str]) -> EnvMove:
+    """Packages whose version moved (torch and triton first), added and removed."""
+    changed = tuple((n, old[n], new[n]) for n in sorted(old.keys() & new.keys(), key=_order)
+                    if _version_key(old[n]) != _version_key(new[n]))
+    added = tuple((n, new[n]) for n in sorted(new.keys() - old.keys(), key=_order))
+    removed = tuple((n, old[n]) for n in sorted(old.keys() - new.keys(), key=_order))
+    same = len(old.keys() & new.keys()) - len(changed)
+    return EnvMove(changed, added, removed, same)
+
+
+def _version_key(v: str) -> Version | str:
+    try:
+        return Version(v)
+    except InvalidVersion:
+        return v
+
+
+# -- uv ----------------------------------------------------------------------------------------
+
+
+def uv(args: list[str], *, what: str) -> str:
+    """Run the pinned uv (the user's uv config and UV_* variables apply); its stdout."""
+    from qwen38build.pinning import uv as uvbin
+
+    try:
+        proc = subprocess.run([uvbin.path(), *args], capture_output=True, text=True,
+                              check=False)
+    except OSError as exc:
+        raise UvError(f"uv could not be started to {what}: {exc}.") from exc
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+        raise UvError(f"uv failed to {what}:\n{tail}",
+                      hint="check the index configuration (uv.toml, UV_INDEX_URL) and the "
+                      "network, or pass --offline once uv's cache holds everything")
+    return proc.stdout
+

@@ -1,0 +1,51 @@
+"""lock and lock --check: pin the recipe's sources (the vLLM wheel and the CUDA toolchain's
+wheels) by fetching them once."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from qwen38build.digest import sha256_file
+from qwen38build.engine.executor import realise
+from qwen38build.engine.plan import fetch_step, locked_vllm
+from qwen38build.engine.report import Reporter
+from qwen38build.errors import LockError
+from qwen38build.inputs import lock as lockmod
+from qwen38build.inputs.recipe import LoadedRecipe
+from qwen38build.kernels import toolchain
+from qwen38build.steps.fetch import pip_download
+from qwen38build.store.store import Store
+
+
+def check_lock(loaded: LoadedRecipe) -> None:
+    """Raise LockError naming the entry when the lock does not serve the recipe."""
+    locked = lockmod.read(loaded.root)
+    locked_vllm(loaded, locked)
+    toolchain.locked_toolchain(loaded, locked)
+
+
+def relock(loaded: LoadedRecipe, store: Store) -> Path:
+    """Fetch the pinned wheel and the toolchain's through pip and write lock/ with each
+    one's sha256 and size."""
+    pin = loaded.recipe.vllm
+    toolchain.require_supported(loaded)  # refuse before fetching anything
+    with tempfile.TemporaryDirectory(prefix="q38-lock.") as tmp:
+        wheel = pip_download(pin.name, pin.version, python=loaded.recipe.toolchain.python,
+                             platform=pin.platform_tag, dest=Path(tmp))
+        if wheel.name != pin.wheel_filename:
+            raise LockError(
+                f"pip fetched {wheel.name}, but {loaded.path.name} asks for {pin.wheel_filename}.",
+                hint="check [vllm] python_tag, abi_tag and platform_tag",
+            )
+        entry = lockmod.LockedWheel(
+            name=pin.name, version=pin.version, filename=wheel.name,
+            python_tag=pin.python_tag, abi_tag=pin.abi_tag, platform_tag=pin.platform_tag,
+            sha256=sha256_file(wheel), size=wheel.stat().st_size,
+        )
+        tools = toolchain.pin(loaded, Path(tmp))
+        # Keep the downloads: the next build's fetches take them by sha256 instead of again.
+        folders = [Path(tmp), *(p for p in Path(tmp).iterdir() if p.is_dir())]
+        realise([fetch_step(loaded, e) for e in (entry, *tools)], store, Reporter(quiet=True),
+                source_dirs=folders)
+    return lockmod.write(loaded.root, [entry, *tools])

@@ -1,0 +1,165 @@
+"""gc: remove store entries that nothing alive reaches.
+
+Kept: the closure of every root. Roots are the named roots (``roots/*.json``: the last build
+of each recipe), the indirect roots (``gcroots/auto/*``: links to projects' ``result``
+links, followed as Nix follows gcroots/auto; one whose link is gone or points elsewhere is
+dropped), and the temporary roots of every live session (temproots.py). gc decides and
+deletes under ``gc.lock`` held exclusively, so a build's roots are either all seen or not yet
+taken, in which case the build has not looked anything up yet. Malformed roots and records
+are reported, never fatal; an entry whose record cannot be read is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qwen38build.errors import StoreError
+from qwen38build.store import temproots
+from qwen38build.store.store import Store, is_digest, remove_tree
+
+
+@dataclass
+class Report:
+    removed: list[str] = field(default_factory=list)
+    tmp_removed: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def _rooted_builds(store: Store, report: Report, *, prune: bool) -> set[str]:
+    """Digests the named and indirect roots point at."""
+    for folder in (store.roots, store.auto_roots):
+        if os.path.lexists(folder) and not folder.is_dir():  # unreadable roots: keep all
+            raise StoreError(f"{folder}: the store's roots are not a folder here; gc removed "
+                             "nothing, as it cannot tell what they keep.",
+                             hint="move that file away (roots are folders of small files)")
+    out: set[str] = set()
+    if store.roots.is_dir():
+        for p in sorted(store.roots.glob("*.json")):
+            try:
+                build = json.loads(p.read_bytes())["build"]
+                if not isinstance(build, str):
+                    raise TypeError("build is not a string")
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                report.problems.append(f"{p}: malformed root ({exc}); ignored")
+                continue
+            out.add(build)
+    if store.auto_roots.is_dir():
+        objects = os.path.realpath(store.objects)
+        for auto in sorted(store.auto_roots.iterdir()):
+            target = None
+            with contextlib.suppress(OSError):
+                link = os.readlink(auto)
+                target = os.path.realpath(link) if os.path.islink(link) else None
+            if target is not None and os.path.dirname(target) == objects:
+                out.add(os.path.basename(target))
+            elif prune:  # the result link is gone or points elsewhere: no longer a root
+                with contextlib.suppress(FileNotFoundError):
+                    auto.unlink()
+    return out
+
+
+def _closure(store: Store, tops: set[str], report: Report) -> set[str]:
+    """``tops`` and every digest their recorded derivations depend on."""
+    live: set[str] = set()
+    todo = list(tops)
+    while todo:
+        digest = todo.pop()
+        if digest in live or not is_digest(digest):
+            continue  # a name that is no digest never reaches a path
+        live.add(digest)
+        try:
+            meta = json.loads(store.meta_path(digest).read_bytes())
+            deps = [d for _, d in meta["derivation"]["deps"]]
+        except FileNotFoundError:
+            deps = _recorded_steps(store, digest)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            report.problems.append(f"{store.meta_path(digest)}: malformed record ({exc}); "
+                                   "kept")
+            deps = []
+        todo.extend(d for d in deps if isinstance(d, str))
+    return live
+
+
+def _recorded_steps(store: Store, build: str) -> list[str]:
+    """A build whose top entry is gone still keeps what its record lists."""
+    try:
+        steps = json.loads((store.builds / f"{build}.json").read_bytes())["steps"]
+        return [s["digest"] for s in steps]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def _stored(store: Store) -> set[str]:
+    """Every digest with a record or an output folder (an orphan of a crash)."""
+    if not store.objects.is_dir():
+        return set()
+    names = (p.name.removesuffix(".json") for p in store.objects.iterdir())
+    return {n for n in names if is_digest(n)}  # never another writer's temp file
+
+
+def collect(store: Store, *, dry_run: bool = False) -> Report:
+    """Remove what nothing alive reaches. The exclusive lock is held only to decide and to
+    move dead entries into gc's own ``tmp/`` space (renames); they are deleted after."""
+    report = Report()
+    if not store.root.is_dir():
+        return report
+    with store.hold() as session:  # made before the exclusive lock: it takes a shared one
+        trash: list[Path] = []
+        with store.gc_lock():
+            # Sessions first, roots second. A build writes its root and only then releases
+            # its temporary roots, neither under this lock: read in this order, whatever it
+            # does between the two reads, one of them shows what it made. (The other order
+            # missed a build finishing in between: its root not yet there, its session gone.)
+            tops: set[str] = set()
+            for digests in temproots.live_sessions(store.root).values():
+                tops |= digests
+            tops |= _rooted_builds(store, report, prune=not dry_run)
+            live = _closure(store, tops, report)
+            report.removed = sorted(_stored(store) - live)
+            if dry_run:
+                return report
+            for digest in report.removed:
+                try:
+                    trash += _unlink_entry(store, session, digest)
+                except OSError as exc:
+                    report.problems.append(f"{store.objects / digest}: not removed ({exc})")
+            dead = temproots.dead_tmp(store.root, store.tmp)
+        for p in trash + dead:
+            try:
+                remove_tree(p)
+            except OSError as exc:
+                report.problems.append(f"{p}: not removed ({exc})")
+                continue
+            if p in dead:
+                report.tmp_removed.append(p.name)
+        temproots.drop_stale_locks(store.locks)
+    return report
+
+
+def _unlink_entry(store: Store, session: temproots.Session, digest: str) -> list[Path]:
+    """Drop ``digest``'s record, then move its folder into gc's tmp space (a rename)."""
+    with contextlib.suppress(FileNotFoundError):
+        store.meta_path(digest).unlink()
+    folder = store.objects / digest
+    if not (folder.exists() or folder.is_symlink()):
+        return []
+    store.tmp.mkdir(parents=True, exist_ok=True)
+    moved = store.tmp / f"{session.id}.gc.{digest[:12]}.{os.urandom(4).hex()}"
+    if not folder.is_symlink():
+        os.chmod(folder, 0o755)  # moving a folder to another parent rewrites its ".."
+    folder.rename(moved)
+    return [moved]
+
+
+def live_digests(store: Store) -> set[str]:
+    """Every digest gc would keep now (for tests and ``why``)."""
+    report = Report()
+    with store.gc_lock():
+        tops = _rooted_builds(store, report, prune=False)
+        for digests in temproots.live_sessions(store.root).values():
+            tops |= digests
+        return _closure(store, tops, report)

@@ -1,0 +1,1 @@
+"""Wheels: the raw-copy writer, installed-tree verify and apply, the stack's environment."""

@@ -1,0 +1,139 @@
+"""env: a virtual environment of the whole stack, made by uv from the locks and the store.
+
+Order, each step refusing before anything is written: the environment lock must be current
+(``envlock.check``); the patched vLLM wheel and the pthfa wheel must be built (in the store,
+under the digests the recipe plans) and still hash to what the store recorded; the
+interpreter must exist. Then ``uv venv``, ``uv pip sync`` of ``lock/pylock.toml`` with
+hashes required, ``uv pip install --no-deps`` of the two wheels, and finally ``verify`` of
+the installed vLLM against the build's manifest. ``offline`` (or ``UV_OFFLINE``) keeps uv
+off the network: the store and uv's cache must then hold everything.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from qwen38build.digest import sha256_file
+from qwen38build.engine.step import Step
+from qwen38build.errors import CheckFailed, InputError, Qwen38BuildError, StoreError, UsageError
+from qwen38build.inputs import lock as lockmod
+from qwen38build.inputs.recipe import LoadedRecipe
+from qwen38build.pinning import pylock as envlock
+from qwen38build.store.store import Entry, Store
+
+
+@dataclass(frozen=True)
+class Made:
+    """What ``make`` produced."""
+
+    dest: Path
+    python: str  # the environment's interpreter
+    site_packages: Path
+    packages: int  # from the environment lock
+    wheels: tuple[str, ...]  # installed from the store
+
+
+def built_wheels(loaded: LoadedRecipe, store: Store) -> list[Path]:
+    """The patched vLLM wheel and the pthfa wheel of this recipe, checked against the store.
+
+    A wheel that is not built is a usage error telling which command builds it.
+    """
+    vllm = _entry(store, _part(loaded, "vllm").digest, "the patched vLLM wheel",
+                  "qwen38build build")
+    try:
+        pthfa_digest = pthfa_step(loaded).digest
+    except Qwen38BuildError as exc:
+        raise UsageError(f"the pthfa wheel cannot be located: {exc}",
+                         hint="run `qwen38build kernels` where its compiler is") from None
+    pthfa = _entry(store, pthfa_digest, "the pthfa wheel", "qwen38build kernels")
+    return [_checked(vllm), _checked(pthfa)]
+
+
+def _part(loaded: LoadedRecipe, name: str) -> Step:
+    """The top step of one output of the stack, as ``build`` plans it."""
+    from qwen38build.engine.plan import make_plan
+    from qwen38build.kernels.kernels import system_nvcc_requested
+
+    plan = make_plan(loaded, lockmod.read(loaded.root), only=[name],
+                     system_nvcc=system_nvcc_requested(False))
+    return plan.targets[name]
+
+
+def pthfa_step(loaded: LoadedRecipe) -> Step:
+    """The step whose output is the recipe's pthfa wheel (every arch of the recipe)."""
+    return _part(loaded, "pthfa")
+
+
+def _entry(store: Store, digest: str, what: str, command: str) -> Entry:
+    entry = store.get(digest)
+    if entry is None:
+        raise UsageError(f"{what} of this recipe (step {digest[:12]}) is not in the store "
+                         f"{store.root}.", hint=f"run `{command}` first")
+    return entry
+
+
+def _checked(entry: Entry) -> Path:
+    wheel = entry.the_output(".whl")
+    want = entry.outputs[wheel.name]["sha256"]
+    got = sha256_file(wheel)
+    if got != want:
+        raise StoreError(f"{wheel}: sha256 {got} differs from the store's record {want}; "
+                         "it changed after it was built.",
+                         hint="run `qwen38build store verify`, then rebuild")
+    return wheel
+
+
+def make(loaded: LoadedRecipe, store: Store, dest: Path, *, python: str | None = None,
+         offline: bool = False) -> Made:
+    """Make (or bring up to date) the environment in ``dest``; see the module docstring."""
+    pylock = envlock.check(loaded)
+    wheels = built_wheels(loaded, store)
+    if dest.exists() and any(dest.iterdir()) and not (dest / "pyvenv.cfg").is_file():
+        raise UsageError(f"{dest}: exists and is not a virtual environment.",
+                         hint="give a new directory, or an environment made by `env` before")
+    want = python or loaded.recipe.toolchain.python
+    net = ["--offline"] if offline else []
+    try:
+        envlock.uv(["venv", str(dest), "--python", want, "--no-python-downloads",
+                    "--allow-existing", "--quiet"], what=f"make a virtual environment in {dest}")
+    except envlock.UvError as exc:
+        origin = "--python" if python else f"{loaded.path.name} [toolchain] python"
+        raise InputError(
+            f"Python {want} ({origin}) was not found or does not run: {exc}",
+            hint="install that Python, or pass --python PATH of an interpreter to use",
+        ) from None
+    exe = dest / "bin" / "python"
+    envlock.uv(["pip", "sync", str(pylock), "--python", str(exe), "--require-hashes",
+                "--no-build", "--preview-features", "pylock", "--quiet", *net],
+               what=f"install {pylock.name} into {dest}")
+    envlock.uv(["pip", "install", "--python", str(exe), "--no-deps", "--reinstall",
+                "--quiet", *net, *map(str, wheels)],
+               what=f"install the built wheels into {dest}")
+    site = site_packages(exe)
+    _verify(store, loaded, site)
+    count = len(envlock.packages_of(pylock.read_text(encoding="utf-8"), str(pylock)))
+    return Made(dest, str(exe), site, count, tuple(w.name for w in wheels))
+
+
+def site_packages(exe: Path) -> Path:
+    """The environment's purelib directory, as its own interpreter says."""
+    proc = subprocess.run(
+        [str(exe), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=False,
+    )
+    if proc.returncode != 0:
+        raise CheckFailed(f"{exe}: does not run: {proc.stderr.strip()[-300:]}")
+    return Path(proc.stdout.strip())
+
+
+def _verify(store: Store, loaded: LoadedRecipe, site: Path) -> None:
+    """The installed vLLM holds exactly the build's bytes (the check ``verify`` makes)."""
+    from qwen38build.wheels.installed import read_manifest, verify_tree
+
+    build = _part(loaded, "vllm").digest
+    problems = verify_tree(site, read_manifest(store.objects / build))
+    if problems:
+        raise CheckFailed(f"{site}: the installed vLLM differs from build {build[:12]}: "
+                          + "; ".join(str(p) for p in problems[:5]) + ".")

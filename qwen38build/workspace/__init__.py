@@ -1,0 +1,1 @@
+"""The topic workspace: the series as git commits, and export back to patch files."""
