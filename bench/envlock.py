@@ -25,12 +25,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from qwen38build.engine.plan import locked_vllm  # noqa: E402
+from qwen38build.engine.fetch import wheel_in_store  # noqa: E402
 from qwen38build.inputs import lock, recipe  # noqa: E402
+from qwen38build.inputs.lock import locked_vllm  # noqa: E402
 from qwen38build.pinning import pylock as envlock  # noqa: E402
 from qwen38build.pinning import uv as uvbin  # noqa: E402
 from qwen38build.store.store import Store, default_root  # noqa: E402
-from qwen38build.workspace.workspace import wheel_in_store  # noqa: E402
 
 
 def timed(fn: object) -> float:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from qwen38build.bump import bump
+from qwen38build.engine.fetch import wheel_in_store
 from qwen38build.inputs import lock, recipe
 from qwen38build.series.patchfile import PatchFile
 from qwen38build.store.store import Store
@@ -216,7 +217,7 @@ def test_real_bump_to_0_33_0_agrees_with_gnu_patch(
     report = bump.bump(loaded, store, "0.33.0", dry_run=True)
     assert (REPO / "recipe.toml").read_bytes() == recipe_before
     new_wheel, _ = bump.resolve_wheel(loaded, store, "0.33.0")
-    wheel = workspace.wheel_in_store(loaded, store, new_wheel)
+    wheel = wheel_in_store(loaded, store, new_wheel)
     entries = loaded.series_entries()
     tree = tmp_path / "tree"
     with zipfile.ZipFile(wheel) as z:

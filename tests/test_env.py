@@ -11,6 +11,7 @@ import pytest
 
 from qwen38build.inputs import recipe
 from qwen38build.pinning import pylock as envlock
+from qwen38build.pinning.sources import relock_env
 from qwen38build.store.store import Store
 from tests.conftest import Project
 from tests.env_fixtures import add_pthfa_wheel, dist_wheel, env_project
@@ -20,7 +21,7 @@ from tests.env_fixtures import add_pthfa_wheel, dist_wheel, env_project
 def built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
     """Locked, built, and the pthfa wheel in the store."""
     p = env_project(tmp_path, monkeypatch)
-    envlock.relock(recipe.load(p.root / "recipe.toml"), Store(p.store))
+    relock_env(recipe.load(p.root / "recipe.toml"), Store(p.store))
     assert p.run("build", "--no-link") == 0
     add_pthfa_wheel(p, monkeypatch)
     return p
@@ -92,7 +93,7 @@ def test_missing_build_says_to_run_build(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     p = env_project(tmp_path, monkeypatch)
-    envlock.relock(recipe.load(p.root / "recipe.toml"), Store(p.store))
+    relock_env(recipe.load(p.root / "recipe.toml"), Store(p.store))
     assert p.run("env", str(tmp_path / "venv"), "--python", sys.executable) == 2
     err = capsys.readouterr().err
     assert "the patched vLLM wheel of this recipe" in err and "run `qwen38build build`" in err
@@ -103,7 +104,7 @@ def test_missing_pthfa_wheel_says_to_run_kernels(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     p = env_project(tmp_path, monkeypatch)
-    envlock.relock(recipe.load(p.root / "recipe.toml"), Store(p.store))
+    relock_env(recipe.load(p.root / "recipe.toml"), Store(p.store))
     assert p.run("build", "--no-link") == 0
     assert p.run("env", str(tmp_path / "venv"), "--python", sys.executable) == 2
     assert "qwen38build kernels" in capsys.readouterr().err
@@ -173,7 +174,7 @@ def test_offline_once_uvs_cache_holds_the_locked_files(
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/"
         (tmp_path / "uv.toml").write_text(f'no-index = true\nfind-links = ["{url}"]\n')
-        envlock.relock(recipe.load(p.root / "recipe.toml"), Store(p.store))
+        relock_env(recipe.load(p.root / "recipe.toml"), Store(p.store))
         assert url in envlock.pylock_path(p.root).read_text()
         assert p.run("build", "--no-link") == 0
         add_pthfa_wheel(p, monkeypatch)

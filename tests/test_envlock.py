@@ -35,7 +35,7 @@ def loaded(p: Project) -> recipe.LoadedRecipe:
 def test_lock_holds_the_pins_runtime_requirements_cupy_and_torch_with_hashes(
     proj: Project,
 ) -> None:
-    path = envlock.relock(loaded(proj), Store(proj.store))
+    path = locking.relock_env(loaded(proj), Store(proj.store))
     assert path == proj.root / "lock" / "pylock.toml"
     text = path.read_text()
     # extras and other machines' requirements are left out; tinydep comes through torch too
@@ -73,7 +73,7 @@ def test_torch_the_pin_allows_by_a_range_is_accepted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     p = env_project(tmp_path, monkeypatch, requires=("torch>=2.10,<2.12",), torch="2.11.0")
-    envlock.relock(loaded(p), Store(p.store))
+    locking.relock_env(loaded(p), Store(p.store))
     assert envlock.packages_of(envlock.pylock_path(p.root).read_text(), "x")["torch"] == "2.11.0"
 
 
@@ -86,7 +86,7 @@ def test_missing_lock_is_bad_input_naming_the_file(
 
 
 def test_edited_lock_is_named(proj: Project, capsys: pytest.CaptureFixture[str]) -> None:
-    path = envlock.relock(loaded(proj), Store(proj.store))
+    path = locking.relock_env(loaded(proj), Store(proj.store))
     assert proj.run("lock", "--check") == 0
     path.write_text(path.read_text().replace('version = "1.2.0"', 'version = "1.3.0"'))
     assert proj.run("lock", "--check") == 2
@@ -101,7 +101,7 @@ def test_edited_lock_is_named(proj: Project, capsys: pytest.CaptureFixture[str])
 def test_stale_lock_names_what_changed(
     proj: Project, capsys: pytest.CaptureFixture[str], old: str, new: str, says: str
 ) -> None:
-    envlock.relock(loaded(proj), Store(proj.store))
+    locking.relock_env(loaded(proj), Store(proj.store))
     recipe_toml = proj.root / "recipe.toml"
     recipe_toml.write_text(recipe_toml.read_text().replace(old, new))
     with pytest.raises(LockError) as info:
@@ -114,7 +114,7 @@ def test_stale_lock_names_what_changed(
 
 
 def test_an_edited_inputs_record_is_named(proj: Project) -> None:
-    envlock.relock(loaded(proj), Store(proj.store))
+    locking.relock_env(loaded(proj), Store(proj.store))
     side = envlock.inputs_path(proj.root)
     record = json.loads(side.read_text())
     record["inputs"]["cuda"] = "12.8"
@@ -125,7 +125,7 @@ def test_an_edited_inputs_record_is_named(proj: Project) -> None:
 
 
 def test_a_new_pin_wheel_makes_the_lock_stale(proj: Project) -> None:
-    envlock.relock(loaded(proj), Store(proj.store))
+    locking.relock_env(loaded(proj), Store(proj.store))
     sources = proj.root / "lock" / "sources.json"
     data = json.loads(sources.read_text())
     next(e for e in data["sources"] if e["name"] == "vllm")["sha256"] = "1" * 64
@@ -199,7 +199,7 @@ def test_bump_relocks_the_environment_for_the_new_pin(
     the dry run writes nothing, the real one writes recipe and both locks."""
     from tests.engine_fixtures import make_wheel
 
-    envlock.relock(loaded(proj), Store(proj.store))
+    locking.relock_env(loaded(proj), Store(proj.store))
     new_reqs = ["torch==2.13.0", "tinydep>=1", "cupy-cuda13x"]
     make_wheel(proj.wheels, version="0.0.2", requires=new_reqs)
     lock_dir = proj.root / "lock"
@@ -242,7 +242,7 @@ def test_real_lock_resolves_to_the_committed_packages(tmp_path: Path) -> None:
     ld = recipe.load(tmp_path / "recipe.toml")
     from qwen38build.store.store import default_root
 
-    envlock.relock(ld, Store(default_root()))
+    locking.relock_env(ld, Store(default_root()))
     got = envlock.packages_of(envlock.pylock_path(tmp_path).read_text(), "new")
     want = envlock.packages_of(envlock.pylock_path(REPO).read_text(), "committed")
     assert got["torch"] == "2.13.0" and "cupy-cuda13x" in got
@@ -263,7 +263,7 @@ def test_environment_platform_of_the_recipe_is_the_locks_target(
         return real_uv(args, what=what)
 
     monkeypatch.setattr(envlock, "uv", spy)
-    envlock.relock(loaded(proj), Store(proj.store))
+    locking.relock_env(loaded(proj), Store(proj.store))
     args = seen[0]
     assert args[args.index("--python-platform") + 1] == "aarch64-manylinux_2_31"
     assert args[args.index("--only-binary") + 1] == ":all:"

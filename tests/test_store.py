@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from qwen38build.engine.executor import KINDS, kind_module, kind_version
 from qwen38build.engine.plan import Plan, fetch_step, make_plan
 from qwen38build.inputs import lock, recipe
+from qwen38build.steps import KINDS, kind_module
+from qwen38build.steps import implementation as kind_version
 from qwen38build.store.store import Store, atomic_write, cheap_ok
 from qwen38build.store.temproots import digest_lock
 from tests.conftest import Project
@@ -106,9 +107,9 @@ def test_editing_a_module_a_kind_uses_changes_its_digest_and_nothing_else(
         tmp_path: Path) -> None:
     shutil.copytree(REPO / "qwen38build", tmp_path / "qwen38build",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    gnupatch = tmp_path / "qwen38build" / "gnupatch.py"
+    gnupatch = tmp_path / "qwen38build" / "series" / "gnupatch.py"
     gnupatch.write_text(gnupatch.read_text() + "\n# a change\n")
-    probe = ("from qwen38build.engine.executor import kind_version as v; "
+    probe = ("from qwen38build.steps import implementation as v; "
              "print(v('patch'), v('wheel'), v('cubin'), v('fetch'))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
                          text=True, check=True, env={**os.environ, "PYTHONPATH": str(tmp_path)})

@@ -168,7 +168,9 @@ def test_ci_matrix_has_one_entry_per_canonical_arch(project: Project, capsys) ->
 
 
 def test_every_command_is_listed_for_the_one_subparser_fast_path(capsys) -> None:  # type: ignore[no-untyped-def]
-    from qwen38build.cli import COMMANDS, main, parser
+    from qwen38build.cli import main
+    from qwen38build.cli.commands import NAMES as COMMANDS
+    from qwen38build.cli.commands import parser
 
     full = parser()
     choices = next(a.choices for a in full._actions if a.dest == "command")

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from qwen38build.digest import sha256_file
+from qwen38build.engine.fetch import locked_wheel, wheel_in_store
 from qwen38build.errors import InputError, LockError, Qwen38BuildError
 from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.recipe import LoadedRecipe, SeriesEntry
@@ -303,12 +304,12 @@ def resolve_wheel(
     found = _in_store(store, filename)
     if found is not None:
         e = entry(*found)
-        return e, workspace.wheel_in_store(loaded, store, e)
+        return e, wheel_in_store(loaded, store, e)
     for d in filter(None, os.environ.get("QWEN38BUILD_SOURCES", "").split(os.pathsep)):
         p = Path(d) / filename
         if p.is_file():
             e = entry(sha256_file(p), p.stat().st_size)
-            return e, workspace.wheel_in_store(loaded, store, e)
+            return e, wheel_in_store(loaded, store, e)
     from qwen38build.steps.fetch import pip_download
 
     with tempfile.TemporaryDirectory(prefix="q38-bump.") as tmp:
@@ -321,7 +322,7 @@ def resolve_wheel(
                 hint="check [vllm] python_tag, abi_tag and platform_tag",
             )
         e = entry(sha256_file(got), got.stat().st_size)
-        return e, workspace.wheel_in_store(loaded, store, e, source_dirs=[Path(tmp)])
+        return e, wheel_in_store(loaded, store, e, source_dirs=[Path(tmp)])
 
 
 def _in_store(store: Store, filename: str) -> tuple[str, int] | None:
@@ -671,7 +672,7 @@ def bump(
     except InvalidVersion:
         raise InputError(f"{new_version!r} is not a PEP 440 version.") from None
     old_version = loaded.recipe.vllm.version
-    old_wheel = workspace.locked_wheel(loaded, store)
+    old_wheel = locked_wheel(loaded, store)
     new_entry, new_wheel = resolve_wheel(loaded, store, new_version)
     patches = try_series(loaded, old_wheel, new_wheel, (old_version, new_version))
     report = BumpReport(old_version, new_version, new_entry, patches, dry_run)

@@ -10,50 +10,23 @@ fully re-hashed before its own output is committed; if one changed, it is remove
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 from qwen38build.digest import sha256_file
 from qwen38build.engine.report import Reporter
 from qwen38build.engine.step import Step, walk
 from qwen38build.errors import InputError, StoreError
+from qwen38build.steps import kind_module
 from qwen38build.store.store import CorruptEntry, Entry, Store, remove_tree
 
 if TYPE_CHECKING:
     from qwen38build.cache.substituter import Substituters
-
-KINDS = {
-    "fetch": "qwen38build.steps.fetch",
-    "patch": "qwen38build.steps.patch",
-    "wheel": "qwen38build.steps.wheel",
-    "cubin": "qwen38build.steps.cubin",
-    "pthfa-wheel": "qwen38build.steps.pthfa_wheel",
-    "toolchain": "qwen38build.steps.toolchain",
-    "pylock": "qwen38build.steps.pylock",
-    "stack": "qwen38build.steps.stack",
-}
-
-
-def kind_module(kind: str) -> ModuleType:
-    try:
-        return importlib.import_module(KINDS[kind])
-    except KeyError:
-        raise InputError(f"unknown step kind {kind!r}.") from None
-
-
-def kind_version(kind: str) -> str:
-    """The kind's implementation value (see qwen38build.steps); kept under its old name."""
-    from qwen38build.steps import implementation
-
-    return implementation(kind)
-
 
 @dataclass
 class Context:

@@ -129,7 +129,7 @@ def try_noop(argv: list[str]) -> int | None:
     rec = lookup(store, recipe)
     if rec is None:
         return None
-    from qwen38build.cli import report_build
+    from qwen38build.engine.result import report_build
 
     return report_build(store, rec["build"], rec["outputs"], Path(rec["root"]),
                         link="--no-link" not in flags, as_json="--json" in flags)

@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen38build.digest import sha256_file
-from qwen38build.engine.executor import kind_version
 from qwen38build.engine.step import Step
-from qwen38build.errors import LockError
 from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.recipe import LoadedRecipe
+from qwen38build.steps import implementation
 
 
 @dataclass(frozen=True)
@@ -48,27 +47,10 @@ class Plan:
         return self.top.digest
 
 
-def locked_vllm(
-    loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel]
-) -> lockmod.LockedWheel:
-    pin = loaded.recipe.vllm
-    entry = locked.get(pin.name)
-    why = lockmod.mismatch(
-        entry, name=pin.name, version=pin.version, python_tag=pin.python_tag,
-        abi_tag=pin.abi_tag, platform_tag=pin.platform_tag,
-    )
-    if why is not None or entry is None:
-        raise LockError(
-            f"{lockmod.lock_path(loaded.root)}: the lock does not match {loaded.path.name}: {why}.",
-            hint="run `qwen38build lock` to re-pin",
-        )
-    return entry
-
-
 def fetch_step(loaded: LoadedRecipe, entry: lockmod.LockedWheel) -> Step:
     """A fixed-output fetch: its digest is the file name and sha256, nothing else."""
     return Step(
-        kind="fetch", implementation=kind_version("fetch"), name=entry.filename,
+        kind="fetch", implementation=implementation("fetch"), name=entry.filename,
         params={"filename": entry.filename, "sha256": entry.sha256},
         hints={"name": entry.name, "version": entry.version, "size": entry.size,
                "python": loaded.recipe.toolchain.python,
@@ -83,18 +65,18 @@ def make_plan(
 ) -> Plan:
     """The whole graph of a recipe (or of the outputs in ``only``); pure but for hashing
     the input files and checking the environment lock."""
-    entry = locked_vllm(loaded, locked)
+    entry = lockmod.locked_vllm(loaded, locked)
     fetch = fetch_step(loaded, entry)
     series = loaded.series_entries()
     inputs = tuple((e.row_name, sha256_file(e.path)) for e in series)
     patch = Step(
-        kind="patch", implementation=kind_version("patch"), name="series",
+        kind="patch", implementation=implementation("patch"), name="series",
         params={"package": "vllm", "series": [e.row_name for e in series]},
         inputs=inputs, deps=(("wheel", fetch),),
         input_paths={e.row_name: e.path for e in series},
     )
     wheel = Step(
-        kind="wheel", implementation=kind_version("wheel"),
+        kind="wheel", implementation=implementation("wheel"),
         name=f"{entry.name}-{entry.version}+q38",
         params={"name": entry.name, "version": entry.version, "package": "vllm"},
         deps=(("wheel", fetch), ("patched", patch)),
@@ -117,7 +99,7 @@ def make_plan(
                              hint=f"name one of {', '.join(OUTPUTS)}")
     targets.update(parts)
     top = next(iter(parts.values())) if len(parts) == 1 else Step(
-        kind="stack", implementation=kind_version("stack"),
+        kind="stack", implementation=implementation("stack"),
         name=f"{entry.name}-{entry.version}-stack", params={"outputs": list(parts)},
         deps=tuple(parts.items()),
     )
@@ -130,7 +112,7 @@ def pylock_step(loaded: LoadedRecipe) -> Step:
 
     path = envlock.check(loaded)
     return Step(
-        kind="pylock", implementation=kind_version("pylock"), name=path.name,
+        kind="pylock", implementation=implementation("pylock"), name=path.name,
         params={}, inputs=((path.name, sha256_file(path)),), input_paths={path.name: path},
     )
 
@@ -166,7 +148,7 @@ def toolchain_step(loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel])
     entries = toolchain.locked_toolchain(loaded, locked)
     cuda = toolchain.series(loaded)
     return Step(
-        kind="toolchain", implementation=kind_version("toolchain"), name=f"cuda-{cuda}-toolchain",
+        kind="toolchain", implementation=implementation("toolchain"), name=f"cuda-{cuda}-toolchain",
         params={"cuda": cuda, "top": toolchain.top_dir(cuda)},
         deps=tuple((e.name, fetch_step(loaded, e)) for e in entries),
     )
@@ -206,7 +188,7 @@ def kernel_steps(
     newest = max(all_archs, key=lambda a: tuple(int(x) for x in a.rstrip("af").split(".")))
     wanted = [normalise_arch(a) for a in archs] if archs else all_archs
     cubins = [
-        Step(kind="cubin", implementation=kind_version("cubin"),
+        Step(kind="cubin", implementation=implementation("cubin"),
              name=f"pthfa-sm_{a.replace('.', '')}",
              params={"arch": a, "flags": list(NVCC_FLAGS), "ptx": a == newest, **compiler},
              inputs=sources, input_paths={p.name: p for p in csrc}, deps=deps)
@@ -217,7 +199,7 @@ def kernel_steps(
                    and p.suffix not in (".pyc", ".cubin", ".ptx"))
     names = {p.relative_to(pkg).as_posix(): p for p in files}
     wheel = Step(
-        kind="pthfa-wheel", implementation=kind_version("pthfa-wheel"), name="pthfa-wheel",
+        kind="pthfa-wheel", implementation=implementation("pthfa-wheel"), name="pthfa-wheel",
         params={"version": r.pthfa.tag.lstrip("v"), "archs": wanted},
         inputs=tuple((n, sha256_file(p)) for n, p in names.items()),
         deps=tuple((c.name, c) for c in cubins), input_paths=names,

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qwen38build.engine.executor import kind_version, realise
+from qwen38build.engine.executor import realise
 from qwen38build.engine.report import Reporter
 from qwen38build.errors import Qwen38BuildError
+from qwen38build.steps import implementation
 from qwen38build.store.record import read_build, steps_from_record
 from qwen38build.store.store import Store, output_sha256, remove_tree
 
@@ -70,11 +71,11 @@ def reproduce(store: Store, build_hash: str, reporter: Reporter, *, keep: bool =
     for s in steps:
         # The record names the code that made each step (its implementation hash). Other
         # code would rebuild other bytes under the recorded digests: refuse, honestly.
-        if kind_version(s.kind) != s.implementation:
+        if implementation(s.kind) != s.implementation:
             result.ok = False
             result.error = (f"step {s.name} was built by {s.kind} implementation "
                             f"{s.implementation[:12]}; this qwen38build's is "
-                            f"{kind_version(s.kind)[:12]}: reproduce it with the qwen38build "
+                            f"{implementation(s.kind)[:12]}: reproduce it with the qwen38build "
                             "that built it")
             return result
     tmp = Path(tempfile.mkdtemp(prefix="q38-reproduce."))

@@ -11,12 +11,15 @@ import json
 import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from qwen38build.errors import LockError
+
+if TYPE_CHECKING:
+    from qwen38build.inputs.recipe import LoadedRecipe
 
 LOCK_DIR = "lock"
 SOURCES = "sources.json"
@@ -169,3 +172,19 @@ def mismatch(
         if have != value:
             return f"{name}.{key} is {have!r} in the lock but {value!r} in the recipe"
     return None
+
+
+def locked_vllm(loaded: LoadedRecipe, locked: dict[str, LockedWheel]) -> LockedWheel:
+    """The lock's entry for the recipe's vLLM pin; LockError naming the mismatch."""
+    pin = loaded.recipe.vllm
+    entry = locked.get(pin.name)
+    why = mismatch(
+        entry, name=pin.name, version=pin.version, python_tag=pin.python_tag,
+        abi_tag=pin.abi_tag, platform_tag=pin.platform_tag,
+    )
+    if why is not None or entry is None:
+        raise LockError(
+            f"{lock_path(loaded.root)}: the lock does not match {loaded.path.name}: {why}.",
+            hint="run `qwen38build lock` to re-pin",
+        )
+    return entry

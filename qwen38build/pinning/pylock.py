@@ -265,17 +265,7 @@ def _atomic(path: Path, data: bytes) -> None:
         raise
 
 
-# -- the interface: relock and check ---------------------------------------------------------
-
-
-def relock(loaded: LoadedRecipe, store: Any) -> Path:
-    """Lock the environment of the pinned wheel (fetched through the store) and write it."""
-    from qwen38build.engine.plan import locked_vllm
-    from qwen38build.workspace.workspace import wheel_in_store
-
-    entry = locked_vllm(loaded, lockmod.read(loaded.root))
-    wheel = wheel_in_store(loaded, store, entry)
-    return write(loaded.root, compute(loaded, entry, wheel))
+# -- the interface: check ---------------------------------------------------------
 
 
 def check(loaded: LoadedRecipe) -> Path:
@@ -284,7 +274,7 @@ def check(loaded: LoadedRecipe) -> Path:
     No network and no store: the inputs record says what the lock was made from, and
     that is compared with the recipe and lock/sources.json.
     """
-    from qwen38build.engine.plan import locked_vllm
+    from qwen38build.inputs.lock import locked_vllm
 
     root = loaded.root
     path, side = pylock_path(root), inputs_path(root)

@@ -8,12 +8,15 @@ from pathlib import Path
 
 from qwen38build.digest import sha256_file
 from qwen38build.engine.executor import realise
-from qwen38build.engine.plan import fetch_step, locked_vllm
+from qwen38build.engine.fetch import wheel_in_store
+from qwen38build.engine.plan import fetch_step
 from qwen38build.engine.report import Reporter
 from qwen38build.errors import LockError
 from qwen38build.inputs import lock as lockmod
+from qwen38build.inputs.lock import locked_vllm
 from qwen38build.inputs.recipe import LoadedRecipe
 from qwen38build.kernels import toolchain
+from qwen38build.pinning import pylock
 from qwen38build.steps.fetch import pip_download
 from qwen38build.store.store import Store
 
@@ -49,3 +52,10 @@ def relock(loaded: LoadedRecipe, store: Store) -> Path:
         realise([fetch_step(loaded, e) for e in (entry, *tools)], store, Reporter(quiet=True),
                 source_dirs=folders)
     return lockmod.write(loaded.root, [entry, *tools])
+
+
+def relock_env(loaded: LoadedRecipe, store: Store) -> Path:
+    """Lock the environment of the pinned wheel (fetched through the store) and write it."""
+    entry = locked_vllm(loaded, lockmod.read(loaded.root))
+    wheel = wheel_in_store(loaded, store, entry)
+    return pylock.write(loaded.root, pylock.compute(loaded, entry, wheel))

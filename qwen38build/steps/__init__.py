@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import importlib.util
 from pathlib import Path
+from types import ModuleType
+
+from qwen38build.errors import InputError
 
 ENGINE = (
     "qwen38build.digest", "qwen38build.errors", "qwen38build.engine.executor",
@@ -26,12 +30,29 @@ ENGINE = (
     "qwen38build.store.temproots",
 )
 FIXED = "fixed-output"
+# The kinds, each the module that runs it.
+KINDS = {
+    "fetch": "qwen38build.steps.fetch",
+    "patch": "qwen38build.steps.patch",
+    "wheel": "qwen38build.steps.wheel",
+    "cubin": "qwen38build.steps.cubin",
+    "pthfa-wheel": "qwen38build.steps.pthfa_wheel",
+    "toolchain": "qwen38build.steps.toolchain",
+    "pylock": "qwen38build.steps.pylock",
+    "stack": "qwen38build.steps.stack",
+}
+
+
+def kind_module(kind: str) -> ModuleType:
+    """The module of step kind ``kind``: ``KIND``, ``IMPLEMENTATION`` and ``run(ctx)``."""
+    try:
+        return importlib.import_module(KINDS[kind])
+    except KeyError:
+        raise InputError(f"unknown step kind {kind!r}.") from None
 
 
 def modules_of(kind: str) -> list[str]:
     """The modules whose source makes up ``kind``'s implementation, sorted."""
-    from qwen38build.engine.executor import kind_module
-
     module = kind_module(kind)
     declared: tuple[str, ...] = module.IMPLEMENTATION
     return sorted({module.__name__, *declared})
@@ -40,8 +61,6 @@ def modules_of(kind: str) -> list[str]:
 @functools.cache
 def implementation(kind: str) -> str:
     """``kind``'s implementation value: a hash of its modules' source, or FIXED."""
-    from qwen38build.engine.executor import kind_module
-
     if getattr(kind_module(kind), "FIXED_OUTPUT", False):
         return FIXED
     h = hashlib.sha256()

@@ -34,8 +34,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from qwen38build.engine.fetch import locked_wheel
 from qwen38build.errors import InputError, PatchFailed, Qwen38BuildError
-from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.recipe import LoadedRecipe, SeriesEntry
 from qwen38build.series.gnupatch import describe_failure, run_patch
 from qwen38build.series.patchfile import MARKER_PREFIX, PatchFile, marker_for
@@ -124,28 +124,6 @@ def commit_tree(repo: Path, parent: str | None, message: str) -> str:
 
 
 # -- the pristine package -----------------------------------------------------------------
-
-
-def locked_wheel(loaded: LoadedRecipe, store: Store) -> Path:
-    """The pinned wheel through the store (the fetch step, checked by the lock's sha256)."""
-    from qwen38build.engine.plan import locked_vllm
-
-    entry = locked_vllm(loaded, lockmod.read(loaded.root))
-    return wheel_in_store(loaded, store, entry)
-
-
-def wheel_in_store(
-    loaded: LoadedRecipe, store: Store, entry: lockmod.LockedWheel,
-    source_dirs: Sequence[Path] = (),
-) -> Path:
-    """Realise the fetch step of ``entry`` and return the wheel file in the store."""
-    from qwen38build.engine.executor import realise
-    from qwen38build.engine.plan import fetch_step
-    from qwen38build.engine.report import Reporter
-
-    step = fetch_step(loaded, entry)
-    out = realise([step], store, Reporter(quiet=True), source_dirs=list(source_dirs))
-    return out[step.digest].entry.path / entry.filename
 
 
 def is_text_member(name: str) -> bool:

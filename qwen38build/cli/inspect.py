@@ -1,0 +1,89 @@
+"""``plan``, ``show``, ``why`` and ``ci matrix``: what the recipe means, read without building."""
+
+from __future__ import annotations
+
+import json
+
+from qwen38build.cli.stages import emit, load_plan, load_recipe, open_store
+from qwen38build.errors import ExitCode, Qwen38BuildError, UsageError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
+
+    from qwen38build.engine.plan import Plan
+
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from qwen38build.engine.plan import kernel_steps
+    from qwen38build.engine.step import walk
+
+    loaded = load_recipe(args)
+    plan = load_plan(loaded)
+    store = open_store(args)
+    declared = [{"name": d.name, "status": d.reason} for d in plan.declared]
+    tops = [plan.top]
+    from qwen38build.kernels.kernels import system_nvcc_requested
+
+    try:
+        tops.append(kernel_steps(loaded, system_nvcc=system_nvcc_requested(args.system_nvcc))[-1])
+    except Qwen38BuildError as exc:  # e.g. no toolchain in the lock: declared, not planned
+        declared.append({"name": "pthfa kernels", "status": f"declared, not planned: {exc}"})
+    rows: list[dict[str, Any]] = [
+        {"name": s.name, "kind": s.kind, "digest": s.digest,
+         "built": store.get(s.digest) is not None}
+        for s in walk(tops)
+    ]
+    lines = [
+        f"{'built' if r['built'] else 'to build':9} {r['kind']:11} {r['digest'][:12]}  "
+        f"{r['name']}"
+        for r in rows
+    ]
+    lines += [f"{'declared':9} {'-':11} {'-':12}  {d['name']}: {d['status']}" for d in declared]
+    lines.append(f"build hash {plan.build_hash}")
+    emit(args, {"build": plan.build_hash, "steps": rows, "declared": declared}, "\n".join(lines))
+    return ExitCode.OK
+
+
+def _resolve_step(plan: Plan, ref: str) -> Any:
+    from qwen38build.engine.step import walk
+
+    candidates = [s for s in walk([plan.top])
+                  if ref in (s.name, s.kind) or (len(ref) >= 6 and s.digest.startswith(ref))]
+    if len(candidates) != 1:
+        names = ", ".join(f"{s.kind}:{s.name}" for s in walk([plan.top]))
+        raise UsageError(
+            f"step {ref!r} {'is ambiguous' if candidates else 'is not in the plan'}.",
+            hint=f"name one of: {names} (a kind, a name, or 6+ digest characters)",
+        )
+    return candidates[0]
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    plan = load_plan(load_recipe(args))
+    step = _resolve_step(plan, args.step)
+    drv = step.derivation()
+    drv["digest"] = step.digest
+
+    print(json.dumps(drv, indent=2, sort_keys=True))
+    return ExitCode.OK
+
+
+def cmd_why(args: argparse.Namespace) -> int:
+    from qwen38build.engine.why import explain
+
+    plan = load_plan(load_recipe(args))
+    step = _resolve_step(plan, args.step)
+    lines = explain(open_store(args), step)
+    print("\n".join(lines))
+    return ExitCode.OK
+
+
+def cmd_ci_matrix(args: argparse.Namespace) -> int:
+    loaded = load_recipe(args)
+    include = [{"arch": a, "sm": a.replace(".", "")} for a in loaded.recipe.cuda.archs]
+
+    print(json.dumps({"include": include}, separators=(",", ":")))
+    return ExitCode.OK

@@ -1,0 +1,85 @@
+"""``verify`` and ``apply``: an installed tree against a build's exact bytes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from qwen38build.cli.stages import emit, open_store
+from qwen38build.errors import ExitCode, Qwen38BuildError, UsageError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
+
+    from qwen38build.store.store import Store
+
+
+
+def _manifest(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
+    from qwen38build.store.record import check_build_hash, read_build, roots
+    from qwen38build.wheels.installed import read_manifest
+
+    store = open_store(args)
+    build = args.build
+    if build is None:
+        link = Path(args.recipe).parent / "result"
+        if link.is_symlink():
+            build = Path(os.readlink(link)).name  # read_build checks it is a hash
+        else:
+            build = _last_vllm_build(store, roots(store))
+    rec = read_build(store, build)
+    try:
+        patched = next(s for s in rec["steps"] if s["derivation"]["kind"] == "patch")
+        wheel = next(s for s in rec["steps"] if s["derivation"]["kind"] == "wheel")
+        tree = store.objects / check_build_hash(str(patched["digest"])) / "tree"
+        wheel_digest = check_build_hash(str(wheel["digest"]))
+    except (KeyError, TypeError, StopIteration, UsageError):
+        from qwen38build.errors import StoreError
+
+        raise StoreError(f"{store.builds / rec['build']}.json: the record has no valid "
+                         "patch and wheel steps.",
+                         hint="remove it, and rebuild that build") from None
+    # The patched wheel's own entry (a stack links to it): its manifest, re-hashed.
+    store.verified(wheel_digest, "manifest.json")
+    return read_manifest(store.objects / wheel_digest), tree
+
+
+def _last_vllm_build(store: Store, known: dict[str, str]) -> str:
+    """The first root (by name) whose build holds a patched vLLM wheel (a kernels-only
+    root does not)."""
+    from qwen38build.store.record import read_build
+
+    for name in sorted(known):
+        try:
+            rec = read_build(store, known[name])
+        except Qwen38BuildError:
+            continue
+        if any(s.get("derivation", {}).get("kind") == "wheel" for s in rec["steps"]
+               if isinstance(s, dict)):
+            return known[name]
+    raise UsageError("no build of a patched vLLM wheel to compare with.",
+                     hint="run `qwen38build build` first, or give --build HASH")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from qwen38build.wheels.installed import verify_tree
+
+    manifest, _ = _manifest(args)
+    problems = verify_tree(Path(args.path), manifest, full=args.full)
+    ok = not problems
+    text = (f"{args.path}: holds exactly build {manifest['local_version']}" if ok else
+            "\n".join(str(p) for p in problems) + f"\n{len(problems)} difference(s)")
+    emit(args, {"ok": ok, "problems": [p.as_json() for p in problems]},
+         text)
+    return ExitCode.OK if ok else ExitCode.FAILED
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from qwen38build.wheels.installed import apply_tree
+
+    manifest, tree = _manifest(args)
+    changed = apply_tree(Path(args.path), manifest, tree)
+    print("\n".join(f"wrote {c}" for c in changed) or "already up to date")
+    return ExitCode.OK

@@ -1,0 +1,61 @@
+"""``kernels``: the pthfa cubins per CUDA arch (in parallel) and its wheel."""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from qwen38build.cli.stages import (
+    check_archs,
+    emit,
+    load_recipe,
+    open_store,
+    open_substituters,
+    root_name,
+)
+from qwen38build.errors import ExitCode
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+
+def cmd_kernels(args: argparse.Namespace) -> int:
+
+    from qwen38build.engine.executor import Outcome, realise
+    from qwen38build.engine.plan import kernel_steps
+    from qwen38build.engine.report import make_reporter
+    from qwen38build.kernels.kernels import system_nvcc_requested
+    from qwen38build.store import record
+
+    loaded = load_recipe(args)
+    steps = kernel_steps(loaded, check_archs(loaded, args.arch),
+                         system_nvcc=system_nvcc_requested(args.system_nvcc))
+    cubins, wheel = steps[:-1], steps[-1]
+    store = open_store(args)
+    reporter = make_reporter(quiet=args.quiet)
+    subs = open_substituters(args)
+    outcomes: dict[str, Outcome] = {}
+    # The toolchain first, once; then the arches, which are independent: side by side
+    # (each under its digest's lock).
+    outcomes.update(realise([d for _, d in cubins[0].deps], store, reporter, substituters=subs))
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for result in pool.map(lambda s: realise([s], store, reporter, substituters=subs),
+                               cubins):
+            outcomes.update(result)
+    outcomes.update(realise([wheel], store, reporter, substituters=subs))
+    record.write_build(store, wheel, outcomes, root_name=root_name(loaded) + "-kernels")
+    out = outcomes[wheel.digest].entry.the_output(".whl")
+    copied: list[str] = []
+    if args.out:
+        dest = Path(args.out)
+        dest.mkdir(parents=True, exist_ok=True)
+        for entry in [outcomes[s.digest].entry for s in cubins] + [outcomes[wheel.digest].entry]:
+            for name in entry.outputs:
+                if name.endswith((".cubin", ".ptx", ".whl")):
+                    copied.append(str(shutil.copyfile(entry.file(name), dest / name)))
+    emit(args, {"build": wheel.digest, "wheel": str(out), "copied": copied,
+                "cubins": {s.params["arch"]: s.digest for s in cubins}},
+         "\n".join([f"build {wheel.digest}", f"wheel {out}", *(f"copied {c}" for c in copied)]))
+    return ExitCode.OK

@@ -1,0 +1,108 @@
+"""``workspace``, ``export``, ``bump``, ``lint`` and ``table``: working on the series."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from qwen38build.cli.build import pristine_wheel
+from qwen38build.cli.stages import (
+    check_patch_files,
+    emit,
+    load_plan,
+    load_recipe,
+    open_store,
+)
+from qwen38build.errors import CheckFailed, ExitCode, Qwen38BuildError, RecipeError, UsageError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+
+def cmd_workspace_create(args: argparse.Namespace) -> int:
+    from qwen38build.workspace.workspace import create
+
+    loaded = load_recipe(args)
+    check_patch_files(loaded)  # before the folder is made or the wheel fetched
+    dest = Path(args.dir) if args.dir else loaded.root / "workspace"
+    repo = create(loaded, open_store(args), dest)
+    print(f"workspace {repo} (tag v{loaded.recipe.vllm.version}, one commit per topic)")
+    return ExitCode.OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from qwen38build.workspace.workspace import export
+
+    loaded = load_recipe(args)
+    dest = Path(args.dir) if args.dir else loaded.root / "workspace"
+    files = export(loaded, dest, args.topics or None, check=args.check)
+    if args.check:
+        if files:
+            raise CheckFailed(
+                "these patch files disagree with their workspace commits: "
+                + ", ".join(str(f.relative_to(loaded.root)) for f in files) + ".",
+                hint=f"run `qwen38build export {dest}` to regenerate them",
+            )
+        print("every patch file matches its workspace commit")
+        return ExitCode.OK
+    print("\n".join(f"wrote {f.relative_to(loaded.root)}" for f in files) or "nothing changed")
+    return ExitCode.OK
+
+
+def cmd_bump(args: argparse.Namespace) -> int:
+    from qwen38build.bump.bump import bump
+
+    if args.package != "vllm":
+        raise UsageError(f"cannot bump {args.package!r}; only vllm is pinned by version.")
+    if args.retire and args.dry_run:
+        raise UsageError("--retire changes the recipe; it cannot go with --dry-run.")
+    loaded = load_recipe(args)
+    check_patch_files(loaded)
+    report = bump(loaded, open_store(args), args.version, dry_run=args.dry_run,
+                  rebase=Path(args.rebase) if args.rebase else None, retire=args.retire)
+    emit(args, report.to_json(), report.to_markdown())
+    ok = report.ok and (report.rebase is None or report.rebase.ok)
+    return ExitCode.OK if ok else ExitCode.FAILED
+
+
+def cmd_lint(args: argparse.Namespace) -> int:
+    from qwen38build.lint import lint
+
+    # Lint reports a series that disagrees with its folders as findings with their lines,
+    # so it loads the recipe's schema only.
+    loaded = lint.load_for_lint(Path(args.recipe))
+    # A listed patch that is missing is the same error as for build: nothing to lint.
+    from qwen38build.inputs.recipe import entry_problems
+
+    missing = entry_problems(loaded)
+    if missing:
+        raise RecipeError(args.recipe, missing)
+    try:
+        pristine = pristine_wheel(open_store(args), load_plan(loaded))
+    except Qwen38BuildError:
+        pristine = None  # no usable lock: the knob rule says it could not read envs.py
+    findings = lint.check(loaded, pristine_envs=pristine)
+    for f in findings:
+        print(f)
+        print(f"  hint: {f.hint}")
+    print(f"{len(findings)} finding(s)" if findings else "lint: clean")
+    return ExitCode.FAILED if findings else ExitCode.OK
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from qwen38build.series import table
+
+    loaded = load_recipe(args)
+    md = loaded.root / "PATCHES.md"
+    if args.check:
+        diff = table.check(loaded, md)
+        if diff:
+            print(diff)
+            print(f"{md.name}: the table is stale; run `qwen38build table`", file=sys.stderr)
+            return ExitCode.FAILED
+        print(f"{md.name}: table is current")
+        return ExitCode.OK
+    changed = table.write(loaded, md)
+    print(f"{md.name}: {'updated' if changed else 'already current'}")
+    return ExitCode.OK
