@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from qwen38build.bump import bump
+from qwen38build.bump import report as bumpreport
 from qwen38build.engine.fetch import wheel_in_store
 from qwen38build.inputs import lock, recipe
 from qwen38build.series.patchfile import PatchFile
@@ -71,7 +72,7 @@ def pins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
     return two_pins(tmp_path, monkeypatch, SERIES)
 
 
-def by_patch(report: bump.BumpReport) -> dict[str, bump.PatchReport]:
+def by_patch(report: bumpreport.BumpReport) -> dict[str, bumpreport.PatchReport]:
     return {p.patch: p for p in report.patches}
 
 
@@ -89,7 +90,7 @@ def test_every_outcome_is_told_apart(pins: Project) -> None:
         "on-f": "depends-on-failed",
     }
     assert not report.ok
-    assert got["offset-b"].offsets == (bump.HunkOffset("b.py", 1, 12, 5),)
+    assert got["offset-b"].offsets == (bumpreport.HunkOffset("b.py", 1, 12, 5),)
     (c,) = got["conflict-c"].failures
     assert (c.file, c.hunk) == ("c.py", 1)
     assert "-c line 10\n+c line 10 upstream" in c.upstream_diff
@@ -243,7 +244,7 @@ def test_real_bump_to_0_33_0_agrees_with_gnu_patch(
         if got.outcome == "deleted":
             assert all(f"vllm/{f}" not in names for f in got.deleted)
         if got.outcome == "depends-on-failed":
-            failed = {p.patch for p in report.patches if p.outcome in bump.FAILED}
+            failed = {p.patch for p in report.patches if p.outcome in bumpreport.FAILED}
             assert set(got.depends_on) <= failed
     print(report.to_markdown())
     shutil.rmtree(tree)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from qwen38build.bump import bump
+from qwen38build.bump import report as bumpreport
 from qwen38build.errors import LockError, RecipeError
 from qwen38build.inputs import lock, recipe
 from qwen38build.pinning import pylock as envlock
@@ -178,9 +179,9 @@ WHEEL = lock.LockedWheel("vllm", "0.33.0", "vllm-0.33.0-cp38-abi3-manylinux_2_28
 
 def test_bump_report_says_what_moved_in_markdown_and_json() -> None:
     move = envlock.diff(OLD, NEW)
-    report = bump.BumpReport(
+    report = bumpreport.BumpReport(
         "0.32.0", "0.33.0", WHEEL, [], dry_run=True,
-        environment=bump.EnvReport(move, torch=("2.13.0", "2.14.0")),
+        environment=bumpreport.EnvReport(move, torch=("2.13.0", "2.14.0")),
     )
     md = report.to_markdown()
     assert "### Python environment (lock/pylock.toml)" in md

@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from qwen38build.bump import bump
+from qwen38build.bump import trial
 from qwen38build.errors import InputError
 from qwen38build.wheels import installed as verify
 from qwen38build.wheels import wheelzip
@@ -118,7 +118,7 @@ def test_a_hostile_member_is_refused_by_every_entry_point(name: str, tmp_path: P
         lambda: wheelzip.read(wheel, "vllm/server.py"),
         lambda: wheelzip.PatchedWheel(wheel, "vllm-0.0.1.dist-info", "x.dist-info"),
         lambda: workspace.extract_package(wheel, tmp_path / "ws" / "vllm", {"server.py"}),
-        lambda: bump._read_members(wheel, {"server.py"}),
+        lambda: trial._read_members(wheel, {"server.py"}),
     ]
     for call in entry_points:
         with pytest.raises(InputError):

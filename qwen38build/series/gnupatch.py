@@ -70,6 +70,8 @@ class ApplyResult:
     reversed: bool  # GNU patch detected the patch as already applied
     output: str
     hunks: list[HunkResult] = field(default_factory=list)
+    # files GNU patch skipped whole ("Skipping patch": none of their hunks was tried)
+    skipped: frozenset[str] = frozenset()
 
     @property
     def offsets(self) -> list[HunkResult]:
@@ -100,6 +102,7 @@ def run_patch(
         reversed="Reversed (or previously applied) patch detected" in out,
         output=out,
         hunks=parse_report(out),
+        skipped=skipped_files(out),
     )
 
 
@@ -118,6 +121,18 @@ def parse_report(out: str) -> list[HunkResult]:
         elif m := _FAIL_RE.match(line):
             results.append(HunkResult(current, int(m.group("n")), False, int(m.group("line"))))
     return results
+
+
+def skipped_files(out: str) -> frozenset[str]:
+    """The files of GNU patch's report that it skipped whole (a missing file, say)."""
+    found: set[str] = set()
+    current = ""
+    for line in out.splitlines():
+        if m := _FILE_RE.match(line):
+            current = m.group("path")
+        elif "Skipping patch" in line and current:
+            found.add(current)
+    return frozenset(found)
 
 
 def context_elsewhere(hunk: Hunk, target: Path) -> list[int]:

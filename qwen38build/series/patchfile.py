@@ -32,7 +32,7 @@ MARKER_PREFIX = "--- exported from "
 MARKER_SUFFIX = "; regenerate with qwen38build export, do not edit ---"
 _MARKER_RE = re.compile(r"^--- exported from (?P<commit>\S+) \((?P<topic>[^)]*)\)")
 _HEADER_RE = re.compile(r"^(?P<key>[A-Z][A-Za-z0-9-]*):(?: (?P<value>.*))?$")
-_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _REGENERATE = "regenerate the patch with qwen38build export; do not edit diffs by hand"
 
 
@@ -503,7 +503,7 @@ def _skip_trailer(
 def _parse_hunk(
     lines: list[str], i: int, *, first_line: int, problems: list[Problem]
 ) -> tuple[Hunk | None, int]:
-    m = _HUNK_RE.match(lines[i])
+    m = HUNK_RE.match(lines[i])
     if not m:
         problems.append(Problem(
             first_line + i, "diff-hygiene", f"unreadable hunk header {lines[i]!r}.",

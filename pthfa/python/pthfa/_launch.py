@@ -52,7 +52,7 @@ def find_cubin(major: int, minor: int, directory: Path | None = None) -> Path:
     raise FileNotFoundError(
         f"no pthfa cubin for compute capability {major}.{minor} in {d} (looked for "
         f"sm_{major}{minor}.cubin, sm_{major}x.cubin, compute_*.ptx; found {have}); build it "
-        f"with qwen38build.kernels.kernels.compile_arch(..., '{major}.{minor}', ...)"
+        f"with `qwen38build kernels --arch {major}.{minor}`"
     )
 
 

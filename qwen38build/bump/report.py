@@ -1,0 +1,215 @@
+"""The bump report: per patch and per hunk, what the new pin means, as Markdown or JSON."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from qwen38build.inputs import lock as lockmod
+from qwen38build.pinning import pylock as envlock
+from qwen38build.series import upstreamed
+
+# -- the report -------------------------------------------------------------------------
+
+
+Outcome = Literal["clean", "offset", "conflict", "upstreamed", "likely-upstreamed", "deleted",
+                  "depends-on-failed"]
+APPLIED: frozenset[str] = frozenset({"clean", "offset"})
+FAILED: frozenset[str] = frozenset({"conflict", "deleted", "depends-on-failed",
+                                    "likely-upstreamed"})
+RETIRABLE: frozenset[str] = frozenset({"upstreamed", "likely-upstreamed"})
+
+
+@dataclass(frozen=True)
+class HunkOffset:
+    file: str
+    hunk: int  # 1-based within the file, as GNU patch counts
+    line: int  # where it applied
+    offset: int
+
+
+@dataclass(frozen=True)
+class HunkFailure:
+    """A hunk that does not apply, and why as far as can be told."""
+
+    file: str
+    hunk: int  # 1-based within the file
+    patch_line: int  # line of its @@ header in the patch file
+    note: str
+    upstream_diff: str = ""  # old → new pristine, around the hunk
+    depends_on: tuple[str, ...] = ()  # earlier failed patches whose lines it stands on
+    evidence: str = ""  # why it looks upstreamed in other words (empty: it does not)
+    similarity: float | None = None  # difflib ratio of its change to upstream's
+    side_by_side: str = ""  # ours | upstream, where there is evidence
+
+
+@dataclass(frozen=True)
+class PatchReport:
+    patch: str  # the row name
+    file: str  # the patch file, relative to the project root
+    outcome: Outcome
+    offsets: tuple[HunkOffset, ...] = ()
+    failures: tuple[HunkFailure, ...] = ()
+    deleted: tuple[str, ...] = ()
+    moved_to: dict[str, list[str]] = field(default_factory=dict)
+    depends_on: tuple[str, ...] = ()
+
+    def summary(self) -> str:
+        if self.outcome == "clean":
+            return ""
+        if self.outcome == "offset":
+            return ", ".join(f"{o.file} #{o.hunk} {o.offset:+d}" for o in self.offsets)
+        if self.outcome == "upstreamed":
+            return "reverse-applies to the new tree: retire candidate"
+        if self.outcome == "likely-upstreamed":
+            return "; ".join(
+                f"{h.file} #{h.hunk}: {h.evidence} (similarity {h.similarity:.2f})"
+                for h in self.failures
+            ) + ": retire candidate"
+        if self.outcome == "deleted":
+            parts = []
+            for f in self.deleted:
+                moved = self.moved_to.get(f)
+                parts.append(f"{f} gone" + (f" (moved to {', '.join(moved)}?)" if moved else ""))
+            return "; ".join(parts)
+        if self.outcome == "depends-on-failed":
+            return "stands on " + ", ".join(self.depends_on)
+        return "; ".join(
+            f"{h.file} hunk #{h.hunk} (line {h.patch_line})" for h in self.failures
+        )
+
+
+@dataclass(frozen=True)
+class RebaseResult:
+    """Where the workspace's carry onto the new pin stands."""
+
+    repo: str
+    branch: str
+    done: tuple[str, ...]  # topics carried, in order
+    empty: tuple[str, ...]  # topics whose change is already upstream (empty commits)
+    stopped_at: str | None = None  # the topic whose cherry-pick conflicts
+    conflict_files: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()  # topics not carried: retired by --retire
+
+    @property
+    def ok(self) -> bool:
+        return self.stopped_at is None
+
+
+@dataclass(frozen=True)
+class EnvReport:
+    """The environment lock re-made for the new pin: what moved, or why it could not be."""
+
+    move: envlock.EnvMove | None
+    torch: tuple[str, str] | None = None  # recipe [toolchain] torch, old → new
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "moved": None if self.move is None else self.move.to_json(),
+            "recipe_torch": None if self.torch is None else {"from": self.torch[0],
+                                                              "to": self.torch[1]},
+            "error": self.error or None,
+        }
+
+    def lines(self) -> list[str]:
+        out = ["", f"### Python environment ({lockmod.LOCK_DIR}/{envlock.PYLOCK})", ""]
+        if self.error:
+            return [*out, f"Not re-locked: {self.error}"]
+        if self.torch is not None:
+            out.append(f"- recipe [toolchain] torch {self.torch[0]} → {self.torch[1]} "
+                       "(what the new pin requires)")
+        return out + (self.move.lines() if self.move is not None else [])
+
+
+@dataclass
+class BumpReport:
+    old_version: str
+    new_version: str
+    wheel: lockmod.LockedWheel
+    patches: list[PatchReport]
+    dry_run: bool
+    seconds: float = 0.0
+    rebase: RebaseResult | None = None
+    retired: tuple[str, ...] = ()  # rows moved to series.retired by --retire
+    environment: EnvReport | None = None  # None: the project has no environment lock
+
+    @property
+    def ok(self) -> bool:
+        """True when every patch applies (clean or with offsets) or was retired."""
+        return all(p.outcome in APPLIED or p.patch in self.retired for p in self.patches)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "from": self.old_version,
+            "to": self.new_version,
+            "ok": self.ok,
+            "dry_run": self.dry_run,
+            "seconds": round(self.seconds, 3),
+            "wheel": asdict(self.wheel),
+            "patches": [asdict(p) for p in self.patches],
+            "retired": list(self.retired),
+            "rebase": None if self.rebase is None else {
+                **asdict(self.rebase), "ok": self.rebase.ok,
+            },
+            "environment": None if self.environment is None else self.environment.to_json(),
+        }
+
+    def to_markdown(self) -> str:
+        counts: dict[str, int] = {}
+        for p in self.patches:
+            counts[p.outcome] = counts.get(p.outcome, 0) + 1
+        out = [
+            f"vllm {self.old_version} → {self.new_version}: "
+            + ", ".join(f"{n} {k}" for k, n in counts.items())
+            + ("" if not self.dry_run else " (dry run: recipe and lock untouched)"),
+            "",
+            "| # | patch | outcome | detail |",
+            "|---|---|---|---|",
+        ]
+        for i, p in enumerate(self.patches, 1):
+            detail = p.summary().replace("|", "\\|")
+            out.append(f"| {i} | {p.patch} | {p.outcome} | {detail} |")
+        for p in self.patches:
+            shown = [h for h in p.failures
+                     if p.outcome in ("conflict", "depends-on-failed", "likely-upstreamed")]
+            if not shown:
+                continue
+            out += ["", f"### {p.patch} ({p.outcome})"]
+            for h in shown:
+                out += ["", f"- {h.file} hunk #{h.hunk} ({p.file}:{h.patch_line}): {h.note}"]
+                if h.similarity is not None and not h.side_by_side:
+                    out[-1] += (f" (similarity to upstream's change {h.similarity:.2f}, "
+                                f"below {upstreamed.THRESHOLD})")
+                if h.side_by_side:
+                    out += ["", f"similarity {h.similarity:.2f} (threshold "
+                            f"{upstreamed.THRESHOLD}):", "", "```", h.side_by_side, "```"]
+                elif h.upstream_diff:
+                    out += ["", "```diff", h.upstream_diff.rstrip("\n"), "```"]
+        retire = [p.patch for p in self.patches if p.outcome in RETIRABLE]
+        if self.retired:
+            out += ["", f"Retired: {', '.join(self.retired)} (series.retired, files deleted, "
+                    "prose in PATCHES.md)."]
+        elif retire:
+            out += ["", f"Retire candidates: {', '.join(retire)}. `qwen38build bump vllm "
+                    f"{self.new_version} --retire` (with `--rebase DIR` to carry the "
+                    "workspace) moves them to series.retired, deletes their files and keeps "
+                    "their prose in PATCHES.md's retired section."]
+        if self.environment is not None:
+            out += self.environment.lines()
+        if self.rebase is not None:
+            r = self.rebase
+            out.append("")
+            if r.ok:
+                out.append(f"Workspace {r.repo}: branch {r.branch} carries every topic.")
+            else:
+                out.append(
+                    f"Workspace {r.repo}: branch {r.branch} stopped at topic {r.stopped_at}, "
+                    f"conflicts in {', '.join(r.conflict_files)}; resolve, `git add`, "
+                    "`git cherry-pick --continue`, then `qwen38build export`."
+                )
+            if r.empty:
+                out.append(f"Empty after the carry (upstream has them): {', '.join(r.empty)}.")
+            if r.skipped:
+                out.append(f"Not carried (retired): {', '.join(r.skipped)}.")
+        return "\n".join(out) + "\n"
