@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from qwen38build.lint import lint
-from qwen38build.lint.lint import Finding
+from qwen38build.lint.finding import Finding
 from qwen38build.series import knobs, lineage
 from qwen38build.series.patchfile import PatchFile
 from tests.bump_fixtures import PIN, Project, make_project, make_wheel

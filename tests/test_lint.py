@@ -15,8 +15,10 @@ import pytest
 
 from qwen38build.errors import LintFailed, RecipeError
 from qwen38build.inputs.recipe import load
-from qwen38build.lint import lint
-from qwen38build.lint.lint import Finding, check, load_for_lint
+from qwen38build.lint.envknobs import read_pristine_knobs
+from qwen38build.lint.finding import Finding
+from qwen38build.lint.lint import check, load_for_lint
+from qwen38build.lint.provenance import vendored_files
 from qwen38build.series import knobs
 from qwen38build.series.patchfile import marker_for
 
@@ -125,7 +127,7 @@ def sha256(path: Path) -> str:
 
 
 def write_manifest(folder: Path) -> None:
-    lines = [f"{sha256(folder / rel)}  {rel}" for rel in lint.vendored_files(folder)]
+    lines = [f"{sha256(folder / rel)}  {rel}" for rel in vendored_files(folder)]
     (folder / "MANIFEST").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -385,7 +387,7 @@ def test_pristine_knob_is_registered(project: Path, tmp_path_factory: pytest.Tem
         '    "VLLM_HOST_IP": lambda: os.getenv("VLLM_HOST_IP", ""),\n}\n',
         encoding="utf-8",
     )
-    assert lint.read_pristine_knobs(envs_py) == frozenset({"VLLM_HOST_IP"})
+    assert read_pristine_knobs(envs_py) == frozenset({"VLLM_HOST_IP"})
     assert run(project, pristine_envs=envs_py) == []
     wheel = other / WHEEL
     with zipfile.ZipFile(wheel, "w") as zf:
@@ -410,7 +412,7 @@ def test_real_wheel_knobs_when_present() -> None:
     wheel = find_wheel()
     if wheel is None:
         pytest.skip(f"no {WHEEL} here (set QWEN38_VLLM_WHEEL)")
-    knobs = lint.read_pristine_knobs(wheel)
+    knobs = read_pristine_knobs(wheel)
     assert {"VLLM_USE_FLASHINFER_SAMPLER", "VLLM_HOST_IP", "CUDA_VISIBLE_DEVICES"} <= knobs
     assert len(knobs) > 300
 
@@ -655,7 +657,7 @@ def test_pthfa_manifest_missing_or_malformed(project: Path) -> None:
 
 
 def test_vendored_files_skip_ignored_build_output(project: Path) -> None:
-    assert lint.vendored_files(project / "pthfa") == [".gitignore", "csrc/a.cu"]
+    assert vendored_files(project / "pthfa") == [".gitignore", "csrc/a.cu"]
 
 
 # -- the project itself ------------------------------------------------------------------
