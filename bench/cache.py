@@ -45,8 +45,9 @@ from qwen38build.cache import config as cacheconfig  # noqa: E402
 from qwen38build.cache.signing import SecretKey  # noqa: E402
 from qwen38build.cache.substituter import Substituters  # noqa: E402
 from qwen38build.engine.report import Reporter  # noqa: E402
+from qwen38build.files import remove_tree  # noqa: E402
 from qwen38build.store import record  # noqa: E402
-from qwen38build.store.store import Store, default_root, remove_tree  # noqa: E402
+from qwen38build.store.store import Store, default_root  # noqa: E402
 from tests.cache_fixtures import nginx  # noqa: E402
 
 TOOL = str(Path(sys.executable).with_name("qwen38build"))

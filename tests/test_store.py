@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 
 from qwen38build.engine.plan import Plan, fetch_step, make_plan
+from qwen38build.files import atomic_write
 from qwen38build.inputs import lock, recipe
 from qwen38build.steps import KINDS, kind_module
 from qwen38build.steps import implementation as kind_version
-from qwen38build.store.store import Store, atomic_write, cheap_ok
+from qwen38build.store.entry import cheap_ok
+from qwen38build.store.store import Store
 from qwen38build.store.temproots import digest_lock
 from tests.conftest import Project
 from tests.imports_closure import imported_closure
@@ -64,7 +66,7 @@ def test_digest_lock_excludes_and_leaves_no_file(tmp_path: Path) -> None:
 
 
 def test_cheap_check_sees_a_restored_mtime_through_ctime(tmp_path: Path) -> None:
-    from qwen38build.store.store import stat_record
+    from qwen38build.store.entry import stat_record
 
     f = tmp_path / "f"
     f.write_bytes(b"good")

@@ -15,7 +15,7 @@ from qwen38build.cache.signing import SecretKey, sign_record, write_key_pair
 from qwen38build.cli import main
 from qwen38build.engine import executor
 from qwen38build.engine.step import Step
-from qwen38build.store.store import Entry
+from qwen38build.store.entry import Entry
 from tests import cache_fixtures as cf
 from tests.conftest import Project
 

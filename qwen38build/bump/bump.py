@@ -214,7 +214,7 @@ def repin(loaded: LoadedRecipe, entry: lockmod.LockedWheel, *, torch: str | None
     new_text = tomlkit.dumps(doc)
     validate(tomlkit.parse(new_text).unwrap(), loaded.path)
     others = [e for n, e in lockmod.read(loaded.root).items() if n != entry.name]
-    from qwen38build.store.store import atomic_write
+    from qwen38build.files import atomic_write
 
     atomic_write(loaded.path, new_text.encode("utf-8"))
     lockmod.write(loaded.root, [*others, entry])

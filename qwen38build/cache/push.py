@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from qwen38build.cache.signing import SecretKey
     from qwen38build.cache.transport import Readable
     from qwen38build.engine.report import Reporter
-    from qwen38build.store.store import Entry, Store
+    from qwen38build.store.entry import Entry
+    from qwen38build.store.store import Store
 
 
 @dataclass

@@ -24,7 +24,7 @@ from qwen38build.digest import sha256_json
 from qwen38build.errors import CacheError, UntrustedEntry
 
 if TYPE_CHECKING:
-    from qwen38build.store.store import Entry
+    from qwen38build.store.entry import Entry
 
 FORMAT = 1
 MAX_RECORD = 4 << 20  # bytes; a record lists outputs, it is never large

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from qwen38build.cache.record import CacheRecord, Output
     from qwen38build.engine.report import Reporter
     from qwen38build.engine.step import Step
-    from qwen38build.store.store import Entry, Store
+    from qwen38build.store.entry import Entry
+    from qwen38build.store.store import Store
 
 BIG = 32 << 20  # downloads at least this large report their progress
 

@@ -22,8 +22,10 @@ from qwen38build.digest import sha256_file
 from qwen38build.engine.report import Reporter
 from qwen38build.engine.step import Step, walk
 from qwen38build.errors import InputError, StoreError
+from qwen38build.files import remove_tree
 from qwen38build.steps import kind_module
-from qwen38build.store.store import CorruptEntry, Entry, Store, remove_tree
+from qwen38build.store.entry import CorruptEntry, Entry
+from qwen38build.store.store import Store
 
 if TYPE_CHECKING:
     from qwen38build.cache.substituter import Substituters

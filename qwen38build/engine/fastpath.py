@@ -74,7 +74,7 @@ def lookup(store_root: Path, recipe_path: Path) -> dict[str, Any] | None:
         with open(os.path.join(store_root, "objects", f"{rec['build']}.json"), "rb") as f:
             meta = json.loads(f.read())
         out = os.path.join(store_root, "objects", rec["build"])
-        from qwen38build.store.store import cheap_ok
+        from qwen38build.store.entry import cheap_ok
 
         for name, r in meta["outputs"].items():
             if not cheap_ok(r, os.path.join(out, name)):

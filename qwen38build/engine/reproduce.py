@@ -19,9 +19,11 @@ from typing import Any
 from qwen38build.engine.executor import realise
 from qwen38build.engine.report import Reporter
 from qwen38build.errors import Qwen38BuildError
+from qwen38build.files import remove_tree
 from qwen38build.steps import implementation
+from qwen38build.store.entry import output_sha256
 from qwen38build.store.record import read_build, steps_from_record
-from qwen38build.store.store import Store, output_sha256, remove_tree
+from qwen38build.store.store import Store
 
 
 @dataclass

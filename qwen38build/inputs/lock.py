@@ -152,7 +152,7 @@ def write(root: Path, entries: list[LockedWheel]) -> Path:
         "format": FORMAT,
         "sources": [asdict(e) for e in sorted(entries, key=lambda e: e.name)],
     }
-    from qwen38build.store.store import atomic_write
+    from qwen38build.files import atomic_write
 
     atomic_write(path, (json.dumps(body, indent=2, sort_keys=True) + "\n").encode())
     return path

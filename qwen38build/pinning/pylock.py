@@ -13,7 +13,6 @@ network. A torch that the pin's own requirements exclude is refused before uv ru
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import tempfile
@@ -28,6 +27,7 @@ from packaging.version import InvalidVersion, Version
 
 from qwen38build.digest import sha256_bytes, sha256_file, sha256_json
 from qwen38build.errors import InputError, LockError, Qwen38BuildError
+from qwen38build.files import atomic_write
 from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.recipe import LoadedRecipe
 
@@ -245,24 +245,10 @@ def write(root: Path, locked: Locked) -> Path:
         "requirements": locked.requirements,
         "locked_by": f"uv {uvbin.version()}",
     }
-    _atomic(path, data)
-    _atomic(inputs_path(root), (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+    # a lock file is shared project content, not a secret: 0644
+    atomic_write(path, data)
+    atomic_write(inputs_path(root), (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
     return path
-
-
-def _atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)  # a lock file is shared project content, not a secret
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # -- the interface: check ---------------------------------------------------------

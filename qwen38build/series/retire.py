@@ -10,13 +10,12 @@ regenerated from the remaining headers.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from qwen38build.errors import InputError
+from qwen38build.files import atomic_write
 from qwen38build.inputs.recipe import LoadedRecipe, Recipe, load
 from qwen38build.series import table
 from qwen38build.series.patchfile import PatchFile, header_text
@@ -58,23 +57,14 @@ def retire(loaded: LoadedRecipe, reasons: dict[str, str], version: str) -> list[
     written: list[Path] = []
     if md.exists():
         text = md.read_text(encoding="utf-8")
-        _write(md, text.rstrip("\n") + "\n\n" + "\n\n".join(p.rstrip() for p in paragraphs)
-               + "\n")
+        atomic_write(md, (text.rstrip("\n") + "\n\n"
+                          + "\n\n".join(p.rstrip() for p in paragraphs) + "\n").encode("utf-8"))
         written.append(md)
     for row in reasons:
         entries[row].path.unlink()
         written.append(entries[row].path)
-    _write(loaded.path, new_text)
+    atomic_write(loaded.path, new_text.encode("utf-8"))
     written.append(loaded.path)
     if md.exists():
         table.write(load(loaded.path), md)
     return written
-
-
-def _write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

@@ -94,7 +94,7 @@ def write(loaded: LoadedRecipe, md_path: Path) -> bool:
     new = splice(old, render(loaded), path=md_path)
     if new == old:
         return False
-    from qwen38build.store.store import atomic_write
+    from qwen38build.files import atomic_write
 
     atomic_write(md_path, new.encode("utf-8"))
     return True

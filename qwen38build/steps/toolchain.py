@@ -19,7 +19,7 @@ from qwen38build.engine.executor import Context
 from qwen38build.errors import KernelBuildError
 from qwen38build.kernels.kernels import Nvcc, nvcc_version
 from qwen38build.steps import ENGINE
-from qwen38build.store.store import Entry
+from qwen38build.store.entry import Entry
 from qwen38build.wheels.wheelzip import extract
 
 KIND = "toolchain"

@@ -17,7 +17,8 @@ import stat
 from dataclasses import dataclass
 
 from qwen38build.digest import sha256_file
-from qwen38build.store.store import Store, _well_formed, link_ok
+from qwen38build.store.entry import _well_formed, link_ok
+from qwen38build.store.store import Store
 
 LEFTOVER = "leftover"
 

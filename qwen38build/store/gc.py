@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen38build.errors import StoreError
+from qwen38build.files import remove_tree
 from qwen38build.store import temproots
-from qwen38build.store.store import Store, is_digest, remove_tree
+from qwen38build.store.entry import is_digest
+from qwen38build.store.store import Store
 
 
 @dataclass

@@ -29,7 +29,25 @@ from pathlib import Path
 
 from qwen38build.digest import sha256_bytes, sha256_file, tree_digest
 from qwen38build.errors import StoreError
+from qwen38build.files import (
+    atomic_symlink,
+    atomic_write,
+    fsync_dir,
+    remove_tree,
+    write_synced,
+)
 from qwen38build.store import temproots
+from qwen38build.store.entry import (
+    _HASHED,
+    CorruptEntry,
+    Entry,
+    _seal,
+    _stat_key,
+    _well_formed,
+    cheap_ok,
+    is_digest,
+    stat_record,
+)
 
 # The no-op build imports this module (for default_root): typing, dataclasses, shutil and
 # tempfile would cost more than the rest of it, so they stay out of its import.
@@ -39,7 +57,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 ENV_STORE = "QWEN38BUILD_STORE"
-STAT_FIELDS = ("size", "mtime_ns", "ino", "ctime_ns")
 
 
 def default_root() -> Path:
@@ -49,174 +66,6 @@ def default_root() -> Path:
         return Path(env).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "qwen38build" / "store"
-
-
-def _temp_name(path: Path) -> Path:
-    """A fresh name beside ``path``: never fixed, so concurrent writers never collide."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp")
-
-
-def atomic_write(path: Path, data: bytes, *, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` all at once: random temp name, fsync, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_name(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_symlink(target: Path, link: Path) -> None:
-    """Point ``link`` at ``target`` in one rename (a temp link of a random name first)."""
-    tmp = _temp_name(link)
-    os.symlink(target, tmp)
-    try:
-        os.replace(tmp, link)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def stat_record(st: os.stat_result) -> dict[str, int]:
-    return {"size": st.st_size, "mode": stat.S_IMODE(st.st_mode), "mtime_ns": st.st_mtime_ns,
-            "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
-
-
-def is_link_target(target: str) -> bool:
-    """Whether a symlink output may point there: one recorded output of a sibling entry
-    (``../<digest>/<name>``), nothing else, so a link can never reach outside the store.
-    A stack's result directory is made of these (see steps/stack.py)."""
-    parts = target.split("/")
-    return (len(parts) == 3 and parts[0] == ".." and len(parts[1]) == 64
-            and all(c in "0123456789abcdef" for c in parts[1])
-            and parts[2] not in ("", ".", "..") and "\0" not in parts[2])
-
-
-def link_sha256(target: str) -> str:
-    """What a link output's record holds as its sha256: the hash of what it points at."""
-    return sha256_bytes(f"link\0{target}".encode())
-
-
-def output_sha256(path: Path) -> str:
-    """An output's sha256 as its record holds it (a link by its target, a file by bytes)."""
-    return link_sha256(os.readlink(path)) if path.is_symlink() else sha256_file(path)
-
-
-def link_ok(output: dict[str, Any], path: str | Path) -> bool:
-    """A link output still points where it was recorded to."""
-    try:
-        return bool(os.readlink(path) == output["link"])
-    except (OSError, ValueError):
-        return False
-
-
-def cheap_ok(output: dict[str, Any], path: str | Path) -> bool:
-    """True if the file at ``path`` still has the stat recorded for it at seal time.
-
-    ``output`` is one value of a store record's ``outputs``. Any write, chmod or rename
-    moves ctime, which cannot be set back; records written before inode and ctime were kept
-    compare what they have. Stdlib only: the no-op fast path calls it.
-    """
-    if "link" in output:
-        return link_ok(output, path)
-    try:
-        st = os.lstat(path)
-    except (OSError, ValueError):
-        return False
-    if not stat.S_ISREG(st.st_mode):
-        return False
-    if "mode" in output and output["mode"] != stat.S_IMODE(st.st_mode):
-        return False
-    return all(output[k] == getattr(st, f"st_{k}") for k in STAT_FIELDS if k in output)
-
-
-# Outputs fully hashed by this process, by path: the stat they had when they matched.
-_HASHED: dict[str, tuple[int, ...]] = {}
-
-
-def _stat_key(st: os.stat_result) -> tuple[int, ...]:
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
-
-
-class Entry:
-    """A committed store entry: where its files are and what they were when written."""
-
-    __slots__ = ("digest", "meta", "path")
-
-    def __init__(self, digest: str, path: Path, meta: dict[str, Any]) -> None:
-        self.digest = digest
-        self.path = path
-        self.meta = meta
-
-    @property
-    def outputs(self) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = self.meta["outputs"]
-        return out
-
-    def file(self, name: str) -> Path:
-        """The output ``name`` by its recorded name; StoreError if the record has none."""
-        if name not in self.outputs:
-            raise StoreError(f"store entry {self.digest[:12]} records no output {name!r}.")
-        return self.path / name
-
-    def the_output(self, suffix: str) -> Path:
-        """The one recorded output whose name ends in ``suffix`` (a step's ``.whl``).
-
-        Read from the record, never by a glob: a stray file dropped into the entry is not
-        an output and is never picked.
-        """
-        names = [n for n in self.outputs if "/" not in n and n.endswith(suffix)]
-        if len(names) != 1:
-            raise StoreError(
-                f"store entry {self.digest[:12]} records {len(names)} '*{suffix}' outputs, "
-                "not one.", hint="run `qwen38build store verify`, then rebuild")
-        return self.path / names[0]
-
-    def bad_outputs(self, only: str | None = None) -> list[str]:
-        """Outputs (or just ``only``) whose bytes are not their recorded sha256; each file
-        is hashed once per stat by this process."""
-        bad = []
-        for name, rec in self.outputs.items():
-            if only is not None and name != only:
-                continue
-            p = self.path / name
-            if "link" in rec:
-                if not link_ok(rec, p):
-                    bad.append(name)
-                continue
-            try:
-                st = os.lstat(p)
-            except OSError:
-                bad.append(name)
-                continue
-            if _HASHED.get(str(p)) == _stat_key(st):
-                continue
-            if not stat.S_ISREG(st.st_mode) or sha256_file(p) != rec["sha256"]:
-                bad.append(name)
-                continue
-            _HASHED[str(p)] = _stat_key(st)
-        return bad
-
-
-class CorruptEntry(StoreError):
-    """An entry's bytes differ from its record; the executor removes and rebuilds it."""
-
-    def __init__(self, digest: str, names: list[str]) -> None:
-        self.digest = digest
-        super().__init__(f"store entry {digest[:12]}: {', '.join(names)} changed after it "
-                         "was written.", hint="run the build again; it rebuilds the entry")
 
 
 class Store:
@@ -404,7 +253,7 @@ class Store:
             "tree": tree_digest({k: v["sha256"] for k, v in outputs.items()}),
         }
         meta_tmp = work / "meta.json"
-        _write_synced(meta_tmp, json.dumps(meta, indent=1, sort_keys=True).encode())
+        write_synced(meta_tmp, json.dumps(meta, indent=1, sort_keys=True).encode())
         final = self.objects / digest
         if self.meta_path(digest).exists():
             raise StoreError(f"store entry {digest} exists; the store never overwrites.")
@@ -415,7 +264,7 @@ class Store:
         # cut lost fails the stat check and is rebuilt).
         out.rename(final)
         meta_tmp.rename(self.meta_path(digest))
-        _fsync_dir(self.objects)
+        fsync_dir(self.objects)
         for name in outputs:
             p = final / name
             _HASHED[str(p)] = _stat_key(os.lstat(p))
@@ -478,7 +327,6 @@ class Store:
     def add_indirect_root(self, link: Path) -> None:
         """Let gc keep what the symlink ``link`` (a project's ``result``) points at."""
         link = Path(os.path.abspath(link))
-        from qwen38build.digest import sha256_bytes
 
         auto = self.auto_roots / sha256_bytes(str(link).encode())[:32]
         with contextlib.suppress(OSError):
@@ -488,101 +336,3 @@ class Store:
         atomic_symlink(link, auto)
 
 
-def is_digest(name: str) -> bool:
-    """64 lowercase hex digits: an entry's name (anything else in objects/ is not one)."""
-    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
-
-
-def _well_formed(meta: Any) -> bool:
-    """The shape every reader relies on: outputs by name, each with sha256 and size."""
-    if not isinstance(meta, dict) or not isinstance(meta.get("outputs"), dict):
-        return False
-    for name, rec in meta["outputs"].items():
-        if not isinstance(name, str) or name.startswith("/") or ".." in name.split("/"):
-            return False
-        if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str):
-            return False
-        if "link" in rec and not (isinstance(rec["link"], str) and is_link_target(rec["link"])):
-            return False
-        if not all(isinstance(rec.get(k, 0), int) for k in ("size", *STAT_FIELDS)):
-            return False
-    return isinstance(meta.get("derivation", {}), dict)
-
-
-def _seal(out: Path, known: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """fsync every file, make it read-only, and record its sha256 and stat.
-
-    The stat is taken after the chmods, so a later check compares like with like. The
-    fsyncs and the hashing run on a small thread pool (both release the GIL): the
-    filesystem's journal commits concurrent fsyncs together, and a large output is hashed
-    while the others are flushed.
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    files: dict[str, Path] = {}
-    links: dict[str, str] = {}
-    for dirpath, dirnames, filenames in os.walk(out):
-        dirnames.sort()
-        for name in sorted(filenames):
-            p = Path(dirpath) / name
-            if p.is_symlink():
-                target = os.readlink(p)
-                if p.parent != out or not is_link_target(target):
-                    raise StoreError(f"step output {p.relative_to(out)} is a symlink to "
-                                     f"{target}; only ../<digest>/<output> links are kept.")
-                links[name] = target
-                continue
-            os.chmod(p, 0o444 if not os.access(p, os.X_OK) else 0o555)
-            files[p.relative_to(out).as_posix()] = p
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        hashes = {rel: pool.submit(sha256_file, p) for rel, p in files.items()
-                  if rel not in known}
-        for done in [pool.submit(_fsync_file, p) for p in files.values()]:
-            done.result()
-        digests = {rel: known.get(rel) or hashes[rel].result() for rel in files}
-    outputs: dict[str, dict[str, Any]] = {}
-    for rel, p in files.items():
-        outputs[rel] = {"sha256": digests[rel], **stat_record(p.stat())}
-    for rel, target in links.items():
-        outputs[rel] = {"link": target, "sha256": link_sha256(target), "size": 0}
-    for dirpath, _, _ in os.walk(out, topdown=False):
-        _fsync_dir(Path(dirpath))
-        os.chmod(dirpath, 0o555)
-    return outputs
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    with path.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def remove_tree(path: Path) -> None:
-    """rm -rf that also removes read-only store entries."""
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-        return
-
-    for dirpath, _, _ in os.walk(path):
-        with contextlib.suppress(OSError):
-            os.chmod(dirpath, stat.S_IRWXU)
-    import shutil
-
-    shutil.rmtree(path)

@@ -258,7 +258,7 @@ def _update_record(record: Path, updates: dict[str, tuple[str, int] | None]) -> 
         new = updates[name]
         if new is not None:
             w.writerow([name, new[0], new[1]])
-    from qwen38build.store.store import atomic_write
+    from qwen38build.files import atomic_write
 
     atomic_write(record, out.getvalue().encode())
 

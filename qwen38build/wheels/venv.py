@@ -21,7 +21,8 @@ from qwen38build.errors import CheckFailed, InputError, Qwen38BuildError, StoreE
 from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.recipe import LoadedRecipe
 from qwen38build.pinning import pylock as envlock
-from qwen38build.store.store import Entry, Store
+from qwen38build.store.entry import Entry
+from qwen38build.store.store import Store
 
 
 @dataclass(frozen=True)

@@ -422,7 +422,7 @@ def export(
             continue
         changed.append(path)
         if not check:
-            from qwen38build.store.store import atomic_write
+            from qwen38build.files import atomic_write
 
             atomic_write(path, new.encode("utf-8"))
     return changed

@@ -1,0 +1,214 @@
+"""A store entry: its outputs as recorded (sha256, size, mode, stat) and the checks on them."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from qwen38build.digest import sha256_bytes, sha256_file
+from qwen38build.errors import StoreError
+from qwen38build.files import (
+    fsync_dir,
+    fsync_file,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+STAT_FIELDS = ("size", "mtime_ns", "ino", "ctime_ns")
+
+
+def stat_record(st: os.stat_result) -> dict[str, int]:
+    return {"size": st.st_size, "mode": stat.S_IMODE(st.st_mode), "mtime_ns": st.st_mtime_ns,
+            "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
+
+
+def is_link_target(target: str) -> bool:
+    """Whether a symlink output may point there: one recorded output of a sibling entry
+    (``../<digest>/<name>``), nothing else, so a link can never reach outside the store.
+    A stack's result directory is made of these (see steps/stack.py)."""
+    parts = target.split("/")
+    return (len(parts) == 3 and parts[0] == ".." and len(parts[1]) == 64
+            and all(c in "0123456789abcdef" for c in parts[1])
+            and parts[2] not in ("", ".", "..") and "\0" not in parts[2])
+
+
+def link_sha256(target: str) -> str:
+    """What a link output's record holds as its sha256: the hash of what it points at."""
+    return sha256_bytes(f"link\0{target}".encode())
+
+
+def output_sha256(path: Path) -> str:
+    """An output's sha256 as its record holds it (a link by its target, a file by bytes)."""
+    return link_sha256(os.readlink(path)) if path.is_symlink() else sha256_file(path)
+
+
+def link_ok(output: dict[str, Any], path: str | Path) -> bool:
+    """A link output still points where it was recorded to."""
+    try:
+        return bool(os.readlink(path) == output["link"])
+    except (OSError, ValueError):
+        return False
+
+
+def cheap_ok(output: dict[str, Any], path: str | Path) -> bool:
+    """True if the file at ``path`` still has the stat recorded for it at seal time.
+
+    ``output`` is one value of a store record's ``outputs``. Any write, chmod or rename
+    moves ctime, which cannot be set back; records written before inode and ctime were kept
+    compare what they have. Stdlib only: the no-op fast path calls it.
+    """
+    if "link" in output:
+        return link_ok(output, path)
+    try:
+        st = os.lstat(path)
+    except (OSError, ValueError):
+        return False
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    if "mode" in output and output["mode"] != stat.S_IMODE(st.st_mode):
+        return False
+    return all(output[k] == getattr(st, f"st_{k}") for k in STAT_FIELDS if k in output)
+
+
+# Outputs fully hashed by this process, by path: the stat they had when they matched.
+_HASHED: dict[str, tuple[int, ...]] = {}
+
+
+def _stat_key(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+
+
+class Entry:
+    """A committed store entry: where its files are and what they were when written."""
+
+    __slots__ = ("digest", "meta", "path")
+
+    def __init__(self, digest: str, path: Path, meta: dict[str, Any]) -> None:
+        self.digest = digest
+        self.path = path
+        self.meta = meta
+
+    @property
+    def outputs(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = self.meta["outputs"]
+        return out
+
+    def file(self, name: str) -> Path:
+        """The output ``name`` by its recorded name; StoreError if the record has none."""
+        if name not in self.outputs:
+            raise StoreError(f"store entry {self.digest[:12]} records no output {name!r}.")
+        return self.path / name
+
+    def the_output(self, suffix: str) -> Path:
+        """The one recorded output whose name ends in ``suffix`` (a step's ``.whl``).
+
+        Read from the record, never by a glob: a stray file dropped into the entry is not
+        an output and is never picked.
+        """
+        names = [n for n in self.outputs if "/" not in n and n.endswith(suffix)]
+        if len(names) != 1:
+            raise StoreError(
+                f"store entry {self.digest[:12]} records {len(names)} '*{suffix}' outputs, "
+                "not one.", hint="run `qwen38build store verify`, then rebuild")
+        return self.path / names[0]
+
+    def bad_outputs(self, only: str | None = None) -> list[str]:
+        """Outputs (or just ``only``) whose bytes are not their recorded sha256; each file
+        is hashed once per stat by this process."""
+        bad = []
+        for name, rec in self.outputs.items():
+            if only is not None and name != only:
+                continue
+            p = self.path / name
+            if "link" in rec:
+                if not link_ok(rec, p):
+                    bad.append(name)
+                continue
+            try:
+                st = os.lstat(p)
+            except OSError:
+                bad.append(name)
+                continue
+            if _HASHED.get(str(p)) == _stat_key(st):
+                continue
+            if not stat.S_ISREG(st.st_mode) or sha256_file(p) != rec["sha256"]:
+                bad.append(name)
+                continue
+            _HASHED[str(p)] = _stat_key(st)
+        return bad
+
+
+class CorruptEntry(StoreError):
+    """An entry's bytes differ from its record; the executor removes and rebuilds it."""
+
+    def __init__(self, digest: str, names: list[str]) -> None:
+        self.digest = digest
+        super().__init__(f"store entry {digest[:12]}: {', '.join(names)} changed after it "
+                         "was written.", hint="run the build again; it rebuilds the entry")
+
+
+def is_digest(name: str) -> bool:
+    """64 lowercase hex digits: an entry's name (anything else in objects/ is not one)."""
+    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
+
+
+def _well_formed(meta: Any) -> bool:
+    """The shape every reader relies on: outputs by name, each with sha256 and size."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("outputs"), dict):
+        return False
+    for name, rec in meta["outputs"].items():
+        if not isinstance(name, str) or name.startswith("/") or ".." in name.split("/"):
+            return False
+        if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str):
+            return False
+        if "link" in rec and not (isinstance(rec["link"], str) and is_link_target(rec["link"])):
+            return False
+        if not all(isinstance(rec.get(k, 0), int) for k in ("size", *STAT_FIELDS)):
+            return False
+    return isinstance(meta.get("derivation", {}), dict)
+
+
+def _seal(out: Path, known: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """fsync every file, make it read-only, and record its sha256 and stat.
+
+    The stat is taken after the chmods, so a later check compares like with like. The
+    fsyncs and the hashing run on a small thread pool (both release the GIL): the
+    filesystem's journal commits concurrent fsyncs together, and a large output is hashed
+    while the others are flushed.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    files: dict[str, Path] = {}
+    links: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(out):
+        dirnames.sort()
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            if p.is_symlink():
+                target = os.readlink(p)
+                if p.parent != out or not is_link_target(target):
+                    raise StoreError(f"step output {p.relative_to(out)} is a symlink to "
+                                     f"{target}; only ../<digest>/<output> links are kept.")
+                links[name] = target
+                continue
+            os.chmod(p, 0o444 if not os.access(p, os.X_OK) else 0o555)
+            files[p.relative_to(out).as_posix()] = p
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        hashes = {rel: pool.submit(sha256_file, p) for rel, p in files.items()
+                  if rel not in known}
+        for done in [pool.submit(fsync_file, p) for p in files.values()]:
+            done.result()
+        digests = {rel: known.get(rel) or hashes[rel].result() for rel in files}
+    outputs: dict[str, dict[str, Any]] = {}
+    for rel, p in files.items():
+        outputs[rel] = {"sha256": digests[rel], **stat_record(p.stat())}
+    for rel, target in links.items():
+        outputs[rel] = {"link": target, "sha256": link_sha256(target), "size": 0}
+    for dirpath, _, _ in os.walk(out, topdown=False):
+        fsync_dir(Path(dirpath))
+        os.chmod(dirpath, 0o555)
+    return outputs
