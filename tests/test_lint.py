@@ -19,7 +19,7 @@ from qwen38build.lint.envknobs import read_pristine_knobs
 from qwen38build.lint.finding import Finding
 from qwen38build.lint.lint import check, load_for_lint
 from qwen38build.lint.provenance import vendored_files
-from qwen38build.series import knobs
+from qwen38build.series import knobtext
 from qwen38build.series.patchfile import marker_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -397,7 +397,7 @@ def test_pristine_knob_is_registered(project: Path, tmp_path_factory: pytest.Tem
 
 def test_text_fallback_ignores_writes_and_comments() -> None:
     def names(text: str) -> list[tuple[str, str]]:
-        return [(r.name, r.form) for r in knobs.reads_in_text(text)]
+        return [(r.name, r.form) for r in knobtext.reads_in_text(text)]
 
     assert names('os.environ["VLLM_X"] = "1"') == []
     assert names('del os.environ["VLLM_X"]') == []

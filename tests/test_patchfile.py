@@ -9,13 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qwen38build.errors import PatchFileError
-from qwen38build.series.patchfile import (
-    MARKER_PREFIX,
-    PatchFile,
-    format_headers,
-    header_text,
-    marker_for,
-)
+from qwen38build.series.headers import format_headers, header_text
+from qwen38build.series.patchfile import MARKER_PREFIX, PatchFile, marker_for
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE = Path("/nowhere/patches/some-topic.patch")

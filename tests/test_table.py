@@ -11,7 +11,8 @@ import pytest
 from qwen38build.errors import InputError
 from qwen38build.inputs.recipe import LoadedRecipe, load
 from qwen38build.series import table
-from qwen38build.series.patchfile import format_headers, marker_for
+from qwen38build.series.headers import format_headers
+from qwen38build.series.patchfile import marker_for
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = Path(__file__).resolve().parents[2] / "shared" / "seed" / "PATCHES.md"

@@ -17,9 +17,10 @@ from qwen38build.bump.report import (
 )
 from qwen38build.inputs.recipe import LoadedRecipe, SeriesEntry
 from qwen38build.series import upstreamed
+from qwen38build.series.diff import HUNK_RE, FileDiff, Hunk
 from qwen38build.series.gnupatch import ApplyResult, run_patch, scratch_parent
 from qwen38build.series.lineage import Lineage
-from qwen38build.series.patchfile import HUNK_RE, FileDiff, Hunk, PatchFile
+from qwen38build.series.patchfile import PatchFile
 from qwen38build.wheels import wheelzip
 from qwen38build.workspace.workspace import PACKAGE
 

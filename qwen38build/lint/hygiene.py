@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 from qwen38build.lint.finding import EXPORT_HINT, Context, Finding
 from qwen38build.series import diffheaders
-from qwen38build.series.patchfile import FileDiff, Hunk, PatchFile
+from qwen38build.series.diff import FileDiff, Hunk
+from qwen38build.series.patchfile import PatchFile
 
 # -- diff hygiene ------------------------------------------------------------------------
 

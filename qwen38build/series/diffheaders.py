@@ -14,7 +14,8 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from qwen38build.series.patchfile import FileDiff, PatchFile
+from qwen38build.series.diff import FileDiff
+from qwen38build.series.patchfile import PatchFile
 
 _GIT_RE = re.compile(r"^diff --git (?P<a>\S+) (?P<b>\S+)$")
 _INDEX_RE = re.compile(r"^index (?P<old>[0-9a-f]{7,64})\.\.(?P<new>[0-9a-f]{7,64})(?: \d+)?$")

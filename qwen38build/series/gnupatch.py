@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen38build.errors import PatchFailed
-from qwen38build.series.patchfile import FileDiff, Hunk, PatchFile
+from qwen38build.series.diff import FileDiff, Hunk
+from qwen38build.series.patchfile import PatchFile
 
 _FILE_RE = re.compile(r"^(?:patching|checking) file '?(?P<path>.+?)'?$")
 _OK_RE = re.compile(

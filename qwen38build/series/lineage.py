@@ -16,8 +16,9 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
+from qwen38build.series.diff import FileDiff
 from qwen38build.series.gnupatch import run_patch
-from qwen38build.series.patchfile import FileDiff, PatchFile
+from qwen38build.series.patchfile import PatchFile
 from qwen38build.wheels.wheelzip import open_wheel
 
 

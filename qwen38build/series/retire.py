@@ -18,7 +18,8 @@ from qwen38build.errors import InputError
 from qwen38build.files import atomic_write
 from qwen38build.inputs.recipe import LoadedRecipe, Recipe, load
 from qwen38build.series import table
-from qwen38build.series.patchfile import PatchFile, header_text
+from qwen38build.series.headers import header_text
+from qwen38build.series.patchfile import PatchFile
 
 
 def retire(loaded: LoadedRecipe, reasons: dict[str, str], version: str) -> list[Path]:

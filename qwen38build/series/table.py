@@ -14,7 +14,8 @@ from pathlib import Path
 
 from qwen38build.errors import InputError
 from qwen38build.inputs.recipe import LoadedRecipe
-from qwen38build.series.patchfile import PatchFile, header_text
+from qwen38build.series.headers import header_text
+from qwen38build.series.patchfile import PatchFile
 
 LEDGER_FILE = "PATCHES.md"
 BEGIN_PREFIX = "<!-- table:begin"

@@ -28,7 +28,7 @@ import difflib
 import re
 from dataclasses import dataclass
 
-from qwen38build.series.patchfile import Hunk
+from qwen38build.series.diff import Hunk
 
 THRESHOLD = 0.75
 _STRING_RE = re.compile(r"""(?P<q>\"\"\"|'''|"|')(?P<body>.*?)(?P=q)""")

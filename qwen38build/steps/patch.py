@@ -20,6 +20,7 @@ from qwen38build.wheels.wheelzip import extract
 
 KIND = "patch"
 IMPLEMENTATION = (*ENGINE, "qwen38build.series.gnupatch", "qwen38build.series.patchfile",
+                  "qwen38build.series.diff", "qwen38build.series.headers",
                   "qwen38build.wheels.wheelzip")
 REPORT = "patch.json"
 TREE = "tree"

@@ -23,6 +23,7 @@ from qwen38build.wheels.wheelzip import PatchedWheel, record_hash
 
 KIND = "wheel"
 IMPLEMENTATION = (*ENGINE, "qwen38build.series.gnupatch", "qwen38build.series.patchfile",
+                  "qwen38build.series.diff", "qwen38build.series.headers",
                   "qwen38build.steps.patch", "qwen38build.wheels.installed",
                   "qwen38build.wheels.wheelzip")
 LABEL = "q38"
