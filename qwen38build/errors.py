@@ -192,3 +192,7 @@ def from_os_error(exc: OSError, what: str = "") -> Qwen38BuildError:
     if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ELOOP):
         return InputError(message, hint=hint)
     return HostError(message, hint=hint)
+
+
+class ToolError(Qwen38BuildError):
+    """Another program (patch, nvcc, git, uv, pip, diff) is missing or could not be run."""

@@ -317,6 +317,6 @@ def test_the_real_toolchain_compiles_pthfa_for_sm90_with_no_system_cuda(
         raise AssertionError("a compiler ran on a cache hit")
 
     monkeypatch.setattr("qwen38build.steps.cubin.compile_arch", no_compile)
-    monkeypatch.setattr("qwen38build.kernels.kernels.subprocess.run", no_compile)
+    monkeypatch.setattr("qwen38build.proc.subprocess.run", no_compile)
     assert main(argv) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["build"] == first["build"]

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -66,6 +65,7 @@ from qwen38build.errors import InputError, LockError, Qwen38BuildError
 from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.recipe import LoadedRecipe
 from qwen38build.pinning import pylock as envlock
+from qwen38build.proc import run
 from qwen38build.series.patchfile import PatchFile
 from qwen38build.store.store import Store
 from qwen38build.workspace import workspace
@@ -253,13 +253,10 @@ def rebase_workspace(
     with tempfile.TemporaryDirectory(prefix="q38-rebase.") as tmp:
         tree_dir = Path(tmp) / "tree"
         workspace.extract_package(new_wheel, tree_dir / PACKAGE, touched)
-        env = {**workspace.git_env(), "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        env = workspace.git_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
 
         def tgit(*args: str, stdin: str | None = None) -> str:
-            return subprocess.run(
-                ["git", f"--work-tree={tree_dir}", *args], cwd=repo, input=stdin,
-                capture_output=True, text=True, env=env, check=True,
-            ).stdout
+            return git(repo, f"--work-tree={tree_dir}", *args, stdin=stdin, env=env)
 
         tgit("add", "-A", "--", PACKAGE)
         tree = tgit("write-tree").strip()
@@ -284,11 +281,9 @@ def rebase_workspace(
                 skipped.append(topic)
             else:
                 picks.append(c.sha)
-    proc = subprocess.run(
-        ["git", "-c", "merge.conflictStyle=diff3", "cherry-pick", "--keep-redundant-commits",
-         "--allow-empty", *picks],
-        cwd=repo, capture_output=True, text=True, env=workspace.git_env(), check=False,
-    ) if picks else subprocess.CompletedProcess([], 0, "", "")
+    proc = run(["git", "-c", "merge.conflictStyle=diff3", "cherry-pick",
+                "--keep-redundant-commits", "--allow-empty", *picks],
+               what="git", cwd=repo, env=workspace.git_env()) if picks else None
     done: list[str] = []
     empty: list[str] = []
     for c in workspace.read_commits(repo, f"{new_tag}..HEAD"):
@@ -298,7 +293,7 @@ def rebase_workspace(
         if parent_tree == c.tree:
             empty.append(topic)
     skipped_t = tuple(dict.fromkeys(skipped))
-    if proc.returncode == 0:
+    if proc is None or proc.ok:
         return RebaseResult(str(repo), branch, tuple(done), tuple(empty), skipped=skipped_t)
     stuck = git(repo, "log", "-1", "--format=%s", "CHERRY_PICK_HEAD", check=False).strip()
     files = git(repo, "diff", "--name-only", "--diff-filter=U").split()

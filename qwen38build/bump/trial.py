@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +14,7 @@ from qwen38build.bump.report import (
     PatchReport,
 )
 from qwen38build.inputs.recipe import LoadedRecipe, SeriesEntry
+from qwen38build.proc import run
 from qwen38build.series import upstreamed
 from qwen38build.series.diff import HUNK_RE, FileDiff, Hunk
 from qwen38build.series.gnupatch import ApplyResult, run_patch, scratch_parent
@@ -97,10 +96,9 @@ def _diff_hunks(old: Path, new: Path) -> list[tuple[int, int, list[str]]]:
     """
     args = ["diff", "-U3", str(old) if old.exists() else "/dev/null",
             str(new) if new.exists() else "/dev/null"]
-    proc = subprocess.run(args, capture_output=True, env={"LC_ALL": "C", "PATH":
-                          os.environ.get("PATH", "/usr/bin:/bin")}, check=False)
+    proc = run(args, what="GNU diff", hint="install diffutils")
     hunks: list[tuple[int, int, list[str]]] = []
-    for line in proc.stdout.decode("utf-8", "surrogateescape").split("\n"):
+    for line in proc.stdout.split("\n"):
         if m := HUNK_RE.match(line):
             count = int(m.group(2)) if m.group(2) is not None else 1
             hunks.append((int(m.group(1)), count, [line]))

@@ -9,7 +9,6 @@ a diffoscope report where diffoscope is installed.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from qwen38build.engine.executor import realise
 from qwen38build.engine.report import Reporter
 from qwen38build.errors import Qwen38BuildError
 from qwen38build.files import remove_tree
+from qwen38build.proc import environment, run
 from qwen38build.steps import implementation
 from qwen38build.store.entry import output_sha256
 from qwen38build.store.record import read_build, steps_from_record
@@ -128,6 +128,6 @@ def _diffoscope(a: Path, b: Path) -> str:
     tool = diffoscope_program()
     if tool is None or not a.exists() or not b.exists():
         return ""
-    proc = subprocess.run([tool, "--text", "-", str(a), str(b)], capture_output=True,
-                          text=True, check=False, timeout=600)
+    proc = run([tool, "--text", "-", a, b], what="diffoscope", timeout=600,
+               env=environment(passed=("HOME", "TMPDIR")))
     return proc.stdout[-4000:]

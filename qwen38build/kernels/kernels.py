@@ -23,13 +23,13 @@ import os
 import re
 import shutil
 import struct
-import subprocess
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from qwen38build.errors import KernelBuildError
+from qwen38build.proc import environment, run
 
 __all__ = [
     "BASE_PATH",
@@ -81,11 +81,10 @@ class Nvcc:
         return cls(Path(found), system=True)
 
     def env(self, tmp: Path | None = None) -> dict[str, str]:
-        env = {"LC_ALL": "C", "LANG": "C", "TZ": "UTC",
-               "PATH": f"{self.exe.parent}{os.pathsep}{BASE_PATH}"}
-        if tmp is not None:
-            env["HOME"] = env["TMPDIR"] = str(tmp)
-        return env
+        """nvcc's whole environment: its folder then the host compiler's on PATH, and
+        HOME and TMPDIR inside ``tmp`` (so no temporary name outside it reaches the PTX)."""
+        declared = {"LANG": "C", **({"HOME": str(tmp), "TMPDIR": str(tmp)} if tmp else {})}
+        return environment(path=f"{self.exe.parent}{os.pathsep}{BASE_PATH}", declared=declared)
 
 
 def system_nvcc_requested(flag: bool) -> bool:
@@ -101,14 +100,8 @@ def system_nvcc_requested(flag: bool) -> bool:
 def nvcc_version(nvcc: Nvcc | None = None) -> str:
     """The full text ``nvcc --version`` prints (the system nvcc's is part of its digest)."""
     nvcc = nvcc or Nvcc.find_system()
-    try:
-        proc = subprocess.run(
-            [str(nvcc.exe), "--version"], capture_output=True, text=True, env=nvcc.env(),
-            check=False,
-        )
-    except OSError as exc:
-        raise KernelBuildError(f"cannot run {str(nvcc.exe)!r}: {exc}") from exc
-    if proc.returncode != 0:
+    proc = run([nvcc.exe, "--version"], what="nvcc", env=nvcc.env())
+    if not proc.ok:
         raise KernelBuildError(
             f"{nvcc.exe} --version exited {proc.returncode}: {proc.stderr.strip()}"
         )
@@ -146,13 +139,8 @@ def _first_error(stderr: str, names: dict[str, str]) -> tuple[str, int | None, s
 def _run_nvcc(
     nvcc: Nvcc, cmd: list[str], cwd: Path, arch: str, names: dict[str, str]
 ) -> None:
-    try:
-        proc = subprocess.run(
-            cmd, cwd=cwd, capture_output=True, text=True, env=nvcc.env(cwd.parent), check=False,
-        )
-    except OSError as exc:
-        raise KernelBuildError(f"arch {arch}: cannot run {cmd[0]!r}: {exc}") from exc
-    if proc.returncode != 0:
+    proc = run(cmd, what="nvcc", cwd=cwd, env=nvcc.env(cwd.parent))
+    if not proc.ok:
         fname, line, text = _first_error(proc.stderr + proc.stdout, names)
         where = f"{fname}:{line}" if line is not None else fname
         raise KernelBuildError(

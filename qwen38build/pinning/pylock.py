@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import tempfile
 import tomllib
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from qwen38build.errors import InputError, LockError, Qwen38BuildError
 from qwen38build.files import atomic_write
 from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.recipe import LoadedRecipe
+from qwen38build.proc import inherited, run
 
 PYLOCK = "pylock.toml"
 INPUTS = "pylock.inputs.json"
@@ -370,13 +370,9 @@ def uv(args: list[str], *, what: str) -> str:
     """Run the pinned uv (the user's uv config and UV_* variables apply); its stdout."""
     from qwen38build.pinning import uv as uvbin
 
-    try:
-        proc = subprocess.run([uvbin.path(), *args], capture_output=True, text=True,
-                              check=False)
-    except OSError as exc:
-        raise UvError(f"uv could not be started to {what}: {exc}.") from exc
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+    proc = run([uvbin.path(), *args], what="uv", env=inherited())
+    if not proc.ok:
+        tail = proc.tail(8)
         raise UvError(f"uv failed to {what}:\n{tail}",
                       hint="check the index configuration (uv.toml, UV_INDEX_URL) and the "
                       "network, or pass --offline once uv's cache holds everything")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import functools
-import subprocess
 
 from qwen38build.errors import Qwen38BuildError
+from qwen38build.proc import inherited, run
 
 
 @functools.cache
@@ -24,6 +24,5 @@ def path() -> str:
 @functools.cache
 def version() -> str:
     """``uv --version``'s number, recorded beside each lock it writes."""
-    out = subprocess.run([path(), "--version"], capture_output=True, text=True, check=False)
-    parts = out.stdout.split()
+    parts = run([path(), "--version"], what="uv", env=inherited()).stdout.split()
     return parts[1] if len(parts) > 1 else "unknown"

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen38build.errors import PatchFailed
+from qwen38build.proc import run
 from qwen38build.series.diff import FileDiff, Hunk
 from qwen38build.series.patchfile import PatchFile
 
@@ -32,13 +32,6 @@ def patch_program() -> str:
             hint="install it (Debian: apt-get install patch)",
         )
     return prog
-
-
-def scrubbed_env() -> dict[str, str]:
-    """The environment every step's subprocess gets: nothing it did not declare."""
-    import os
-
-    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "TZ": "UTC"}
 
 
 def scratch_parent() -> str | None:
@@ -94,12 +87,10 @@ def run_patch(
     args.append("--reverse" if reverse else "--forward")
     if dry_run:
         args.append("--dry-run")
-    proc = subprocess.run(
-        args, capture_output=True, text=True, env=scrubbed_env(), check=False
-    )
+    proc = run(args, what="GNU patch", hint="install it (Debian: apt-get install patch)")
     out = proc.stdout + proc.stderr
     return ApplyResult(
-        ok=proc.returncode == 0,
+        ok=proc.ok,
         reversed="Reversed (or previously applied) patch detected" in out,
         output=out,
         hunks=parse_report(out),

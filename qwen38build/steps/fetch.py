@@ -11,7 +11,6 @@ Python and the expected size travel as the step's hints, outside the digest.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -19,6 +18,8 @@ from pathlib import Path
 from qwen38build.digest import copy_hashing
 from qwen38build.engine.executor import Context
 from qwen38build.errors import FetchError
+from qwen38build.proc import inherited
+from qwen38build.proc import run as run_program
 from qwen38build.steps import ENGINE
 
 KIND = "fetch"
@@ -116,10 +117,10 @@ def pip_download(name: str, version: str, *, python: str, platform: str, dest: P
         "--disable-pip-version-check", "--python-version", python, "--implementation", "cp",
         *platform_args(platform), "-d", str(dest), f"{name}=={version}",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = run_program(cmd, what="pip", env=inherited(), hint="install pip into this environment")
     wheels = sorted(dest.glob("*.whl"))
-    if proc.returncode != 0 or len(wheels) != 1:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+    if not proc.ok or len(wheels) != 1:
+        tail = proc.tail(5)
         raise FetchError(
             f"pip could not fetch {name}=={version} for {platform}:\n{tail}",
             hint="check your pip index configuration (pip config list) and the network",

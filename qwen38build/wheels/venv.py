@@ -11,7 +11,6 @@ off the network: the store and uv's cache must then hold everything.
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from qwen38build.errors import CheckFailed, InputError, Qwen38BuildError, StoreE
 from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.recipe import LoadedRecipe
 from qwen38build.pinning import pylock as envlock
+from qwen38build.proc import run
 from qwen38build.store.entry import Entry
 from qwen38build.store.store import Store
 
@@ -120,11 +120,9 @@ def make(loaded: LoadedRecipe, store: Store, dest: Path, *, python: str | None =
 
 def site_packages(exe: Path) -> Path:
     """The environment's purelib directory, as its own interpreter says."""
-    proc = subprocess.run(
-        [str(exe), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=False,
-    )
-    if proc.returncode != 0:
+    proc = run([exe, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+               what=f"the environment's Python ({exe})")
+    if not proc.ok:
         raise CheckFailed(f"{exe}: does not run: {proc.stderr.strip()[-300:]}")
     return Path(proc.stdout.strip())
 

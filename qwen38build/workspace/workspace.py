@@ -28,7 +28,6 @@ marker commit aside, differs from the workspace.
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from pathlib import Path
 from qwen38build.engine.fetch import locked_wheel
 from qwen38build.errors import InputError, PatchFailed, Qwen38BuildError
 from qwen38build.inputs.recipe import LoadedRecipe, SeriesEntry
+from qwen38build.proc import environment, run
 from qwen38build.series.gnupatch import describe_failure, run_patch
 from qwen38build.series.patchfile import MARKER_PREFIX, PatchFile, marker_for
 from qwen38build.store.store import Store
@@ -78,39 +78,28 @@ def pristine_subject(version: str) -> str:
 # -- git --------------------------------------------------------------------------------
 
 
-def git_env(*, identity: bool = True) -> dict[str, str]:
-    """The environment git runs in: no user or system config, C locale, fixed identity."""
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+def git_env(*, identity: bool = True, **declared: str) -> dict[str, str]:
+    """The environment git runs in: no user or system config, C locale, fixed identity.
+
+    ``HOME`` is passed (git refuses to run without one) but no config of it is read.
+    """
+    return environment(passed=("HOME",), declared={
         "HOME": os.environ.get("HOME", "/nonexistent"),
-        "LC_ALL": "C",
-        "TZ": "UTC",
         "GIT_CONFIG_NOSYSTEM": "1",
         "GIT_CONFIG_GLOBAL": os.devnull,
         "GIT_TERMINAL_PROMPT": "0",
-    }
-    if identity:
-        env.update(IDENTITY)
-    return env
+        **(IDENTITY if identity else {}),
+        **declared,
+    })
 
 
-def git(repo: Path, *args: str, stdin: str | None = None, check: bool = True) -> str:
+def git(repo: Path, *args: str, stdin: str | None = None, check: bool = True,
+        env: dict[str, str] | None = None) -> str:
     """Run git in ``repo``; a failure is a Qwen38BuildError quoting git's own words."""
-    try:
-        proc = subprocess.run(
-            ["git", *args], cwd=repo, input=stdin, capture_output=True, text=True,
-            env=git_env(), check=False,
-        )
-    except FileNotFoundError as exc:
-        if exc.filename != "git":
-            raise  # the repository folder itself: the caller's error boundary names it
-        raise Qwen38BuildError(
-            "git is not on PATH; the workspace is a git repository.",
-            hint="install git (Debian: apt-get install git)") from None
-    if check and proc.returncode != 0:
-        raise Qwen38BuildError(
-            f"git {' '.join(args[:3])} failed in {repo}:\n{(proc.stderr or proc.stdout).strip()}"
-        )
+    proc = run(["git", *args], what="git", hint="install git (Debian: apt-get install git)",
+               cwd=repo, input=stdin, env=env or git_env())
+    if check and not proc.ok:
+        raise Qwen38BuildError(f"git {' '.join(args[:3])} failed in {repo}:\n{proc.tail()}")
     return proc.stdout
 
 
@@ -244,10 +233,9 @@ def read_commits(repo: Path, rev_range: str) -> list[Commit]:
     shas = git(repo, "rev-list", "--reverse", "--topo-order", rev_range).split()
     if not shas:
         return []
-    raw = subprocess.run(
-        ["git", "cat-file", "--batch"], cwd=repo, input=("\n".join(shas) + "\n").encode(),
-        capture_output=True, env=git_env(), check=True,
-    ).stdout
+    raw = run(["git", "cat-file", "--batch"], what="git", cwd=repo,
+              input=("\n".join(shas) + "\n").encode(), env=git_env(), binary=True,
+              fail=Qwen38BuildError).raw
     out: list[Commit] = []
     pos = 0
     for sha in shas:
@@ -326,22 +314,18 @@ def _pick(repo: Path, commit: Commit, onto: str, topic: str, trees: dict[str, st
     diff = git(repo, "diff-tree", "-p", "--binary", "--full-index", "--no-renames",
                parent, commit.sha)
     with tempfile.TemporaryDirectory(prefix="q38-fold.") as tmp:
-        env = {**git_env(), "GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        subprocess.run(["git", "read-tree", onto], cwd=repo, env=env, check=True,
-                       capture_output=True)
-        proc = subprocess.run(
-            ["git", "apply", "--cached", "--3way"], cwd=repo, input=diff, text=True,
-            capture_output=True, env=env, check=False,
-        )
-        if proc.returncode != 0:
+        env = git_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
+        git(repo, "read-tree", onto, env=env)
+        proc = run(["git", "apply", "--cached", "--3way"], what="git", cwd=repo, input=diff,
+                   env=env)
+        if not proc.ok:
             said = " ".join(proc.stderr.split())
             raise InputError(
                 f"{repo}: commit {commit.sha[:12]} ({commit.subject!r}) does not fold into "
                 f"topic {topic} without conflicts: {said}",
                 hint="move it next to its topic and resolve it (git rebase -i --autosquash)",
             )
-        return subprocess.run(["git", "write-tree"], cwd=repo, env=env, check=True,
-                              capture_output=True, text=True).stdout.strip()
+        return git(repo, "write-tree", env=env).strip()
 
 
 def topic_trees(
