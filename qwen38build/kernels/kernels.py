@@ -17,8 +17,6 @@ one cubin per arch holds every kernel.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 import re
 import shutil
@@ -30,6 +28,7 @@ from pathlib import Path
 
 from qwen38build.errors import KernelBuildError
 from qwen38build.proc import environment, run
+from qwen38build.wheels import record
 
 __all__ = [
     "BASE_PATH",
@@ -241,11 +240,6 @@ def _wheel_version(version: str) -> str:
     return v
 
 
-def _record_hash(data: bytes) -> str:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"sha256={digest}"
-
-
 def write_pthfa_wheel(
     package_dir: Path,
     cubins: list[Path],
@@ -294,11 +288,8 @@ def write_pthfa_wheel(
         f"Tag: {tag}\n"
     ).encode()
     record_name = f"{dist}/RECORD"
-    record = "".join(
-        f"{name},{_record_hash(data)},{len(data)}\n" for name, data in sorted(files.items())
-    )
-    record += f"{record_name},,\n"
-    files[record_name] = record.encode()
+    files[record_name] = record.render(
+        {name: (record.hash_of(data), len(data)) for name, data in files.items()}, record_name)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"pthfa-{ver}-{tag}.whl"

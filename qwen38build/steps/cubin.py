@@ -16,8 +16,13 @@ from qwen38build.kernels.kernels import Nvcc, compile_arch, nvcc_version
 from qwen38build.steps import ENGINE, toolchain
 
 KIND = "cubin"
-IMPLEMENTATION = (*ENGINE, "qwen38build.kernels.kernels", "qwen38build.steps.toolchain",
-                  "qwen38build.wheels.wheelzip")
+IMPLEMENTATION = (
+    *ENGINE,
+    "qwen38build.kernels.kernels",
+    "qwen38build.steps.toolchain",
+    "qwen38build.wheels.record",
+    "qwen38build.wheels.wheelzip",
+)
 
 
 def run(ctx: Context) -> None:

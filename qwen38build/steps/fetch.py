@@ -25,8 +25,13 @@ from qwen38build.steps import ENGINE
 KIND = "fetch"
 FIXED_OUTPUT = True  # keyed by file name and sha256 alone; see qwen38build.steps
 # (fixed output: the list is not in the digest, but kept whole like every kind's)
-IMPLEMENTATION = (*ENGINE, "qwen38build.wheels.wheelzip", "qwen38build.cache.config",
-                  "qwen38build.cache.signing")
+IMPLEMENTATION = (
+    *ENGINE,
+    "qwen38build.cache.config",
+    "qwen38build.cache.signing",
+    "qwen38build.wheels.record",
+    "qwen38build.wheels.wheelzip",
+)
 
 
 def run(ctx: Context) -> None:

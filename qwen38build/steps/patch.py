@@ -19,9 +19,15 @@ from qwen38build.steps import ENGINE
 from qwen38build.wheels.wheelzip import extract
 
 KIND = "patch"
-IMPLEMENTATION = (*ENGINE, "qwen38build.series.gnupatch", "qwen38build.series.patchfile",
-                  "qwen38build.series.diff", "qwen38build.series.headers",
-                  "qwen38build.wheels.wheelzip")
+IMPLEMENTATION = (
+    *ENGINE,
+    "qwen38build.series.diff",
+    "qwen38build.series.gnupatch",
+    "qwen38build.series.headers",
+    "qwen38build.series.patchfile",
+    "qwen38build.wheels.record",
+    "qwen38build.wheels.wheelzip",
+)
 REPORT = "patch.json"
 TREE = "tree"
 

@@ -9,7 +9,11 @@ from qwen38build.kernels.kernels import write_pthfa_wheel
 from qwen38build.steps import ENGINE
 
 KIND = "pthfa-wheel"
-IMPLEMENTATION = (*ENGINE, "qwen38build.kernels.kernels")
+IMPLEMENTATION = (
+    *ENGINE,
+    "qwen38build.kernels.kernels",
+    "qwen38build.wheels.record",
+)
 
 
 def run(ctx: Context) -> None:

@@ -23,7 +23,12 @@ from qwen38build.store.entry import Entry
 from qwen38build.wheels.wheelzip import extract
 
 KIND = "toolchain"
-IMPLEMENTATION = (*ENGINE, "qwen38build.kernels.kernels", "qwen38build.wheels.wheelzip")
+IMPLEMENTATION = (
+    *ENGINE,
+    "qwen38build.kernels.kernels",
+    "qwen38build.wheels.record",
+    "qwen38build.wheels.wheelzip",
+)
 #: The record of what was extracted and where nvcc is, read by the cubin steps.
 MANIFEST = "toolchain.json"
 #: Below the toolkit's top folder: what nvcc runs to turn a .cu file into a cubin.

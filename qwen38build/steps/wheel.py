@@ -18,14 +18,22 @@ from qwen38build.engine.executor import Context
 from qwen38build.errors import CheckFailed
 from qwen38build.steps import ENGINE
 from qwen38build.steps import patch as patch_step
+from qwen38build.wheels import record
 from qwen38build.wheels.installed import MANIFEST
-from qwen38build.wheels.wheelzip import PatchedWheel, record_hash
+from qwen38build.wheels.wheelzip import PatchedWheel
 
 KIND = "wheel"
-IMPLEMENTATION = (*ENGINE, "qwen38build.series.gnupatch", "qwen38build.series.patchfile",
-                  "qwen38build.series.diff", "qwen38build.series.headers",
-                  "qwen38build.steps.patch", "qwen38build.wheels.installed",
-                  "qwen38build.wheels.wheelzip")
+IMPLEMENTATION = (
+    *ENGINE,
+    "qwen38build.series.diff",
+    "qwen38build.series.gnupatch",
+    "qwen38build.series.headers",
+    "qwen38build.series.patchfile",
+    "qwen38build.steps.patch",
+    "qwen38build.wheels.installed",
+    "qwen38build.wheels.record",
+    "qwen38build.wheels.wheelzip",
+)
 LABEL = "q38"
 
 
@@ -87,14 +95,14 @@ def _relabel(metadata: bytes, old: str, new: str) -> bytes:
     raise CheckFailed(f"the pristine METADATA has no 'Version: {old}' line; refusing to relabel.")
 
 
-def _check(wheel: Path, replace: dict[str, bytes], record: dict[str, tuple[str, int]]) -> None:
+def _check(wheel: Path, replace: dict[str, bytes], rows: dict[str, tuple[str, int]]) -> None:
     """Read the written wheel back: patched members intact, RECORD covering every member."""
     with zipfile.ZipFile(wheel) as z:
         names = [n for n in z.namelist() if not n.endswith("/RECORD")]
-        missing = sorted(set(names) ^ set(record))
+        missing = sorted(set(names) ^ set(rows))
         if missing:
             raise CheckFailed(f"{wheel.name}: RECORD and members disagree on {missing[:5]}.")
         for member, data in replace.items():
-            if record_hash(z.read(member)) != record_hash(data):
+            if record.hash_of(z.read(member)) != record.hash_of(data):
                 raise CheckFailed(f"{wheel.name}: member {member} was not written as patched.")
 

@@ -8,15 +8,13 @@ Exact where the old reverse dry-run was not: two patches on one file are one fin
 
 from __future__ import annotations
 
-import base64
-import csv
-import io
 import json
 import os
 from pathlib import Path
 
 from qwen38build.digest import sha256_file
 from qwen38build.errors import InputError
+from qwen38build.wheels import record as wheelrecord
 
 # verify is a hot command: typing and dataclasses (inspect) would be a third of its time.
 TYPE_CHECKING = False
@@ -91,11 +89,6 @@ def find_package(path: Path, package: str) -> Path:
     )
 
 
-def _b64(sha256_hex: str) -> str:
-    raw = bytes.fromhex(sha256_hex)
-    return "sha256=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-
 def verify_tree(path: Path, manifest: dict[str, Any], *, full: bool = False) -> list[Problem]:
     package = str(manifest["package"])
     owned = owned_paths(manifest)
@@ -124,7 +117,7 @@ def verify_tree(path: Path, manifest: dict[str, Any], *, full: bool = False) -> 
     for name in sorted((set(record) & set(present)) - owned_names):
         rec_hash, size = record[name]
         if present[name] != int(size) or (
-            full and _b64(sha256_file(pkg.parent / name)) != rec_hash
+            full and wheelrecord.hash_from_hex(sha256_file(pkg.parent / name)) != rec_hash
         ):
             problems.append(Problem(name, "drifted"))
     return problems
@@ -202,7 +195,7 @@ def apply_tree(site: Path, manifest: dict[str, Any], built_tree: Path) -> list[s
             tmp = _staged_copy(built_tree / rel, target, rec["patched"])
             staged.append((tmp, target))
             changed.append(name)
-            updates[name] = (_b64(rec["patched"]), tmp.stat().st_size)
+            updates[name] = (wheelrecord.hash_from_hex(rec["patched"]), tmp.stat().st_size)
         for tmp, target in staged:
             os.replace(tmp, target)
         staged.clear()
@@ -240,25 +233,9 @@ def _staged_copy(src: Path, target: Path, sha256: str) -> Path:
     return tmp
 
 
-def _update_record(record: Path, updates: dict[str, tuple[str, int] | None]) -> None:
+def _update_record(path: Path, updates: dict[str, tuple[str, int] | None]) -> None:
     """Keep the installed RECORD true for the files apply wrote (pip reads it)."""
-    rows = list(csv.reader(io.StringIO(record.read_text())))
-    seen: set[str] = set()
-    out = io.StringIO()
-    w = csv.writer(out, lineterminator="\n")
-    for row in rows:
-        if row and row[0] in updates:
-            seen.add(row[0])
-            new = updates[row[0]]
-            if new is not None:
-                w.writerow([row[0], new[0], new[1]])
-        elif row:
-            w.writerow(row)
-    for name in sorted(set(updates) - seen):
-        new = updates[name]
-        if new is not None:
-            w.writerow([name, new[0], new[1]])
     from qwen38build.files import atomic_write
 
-    atomic_write(record, out.getvalue().encode())
+    atomic_write(path, wheelrecord.update(path.read_bytes(), updates))
 

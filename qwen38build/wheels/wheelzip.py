@@ -9,9 +9,6 @@ pristine member's own timestamp and mode, so the same inputs give the same bytes
 
 from __future__ import annotations
 
-import base64
-import csv
-import hashlib
 import io
 import itertools
 import os
@@ -23,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
 from qwen38build.errors import InputError
+from qwen38build.wheels import record
 
 _LOCAL = struct.Struct("<IHHHHHIIIHH")
 _CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")
@@ -75,7 +73,7 @@ def check_wheel(path: Path) -> None:
                 raise InputError(
                     f"{path.name}: has {len(records)} */*.dist-info/RECORD members, not one.",
                     hint="this is not a wheel to build from; check the lock's pin")
-            _read_record(z.read(records[0]), f"{path.name}:{records[0]}")
+            record.parse(z.read(records[0]), f"{path.name}:{records[0]}")
     except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
         raise InputError(f"{path.name}: not a wheel (a zip file): {exc}.",
                          hint="check the lock's pin; the file is damaged or not a wheel",
@@ -133,12 +131,6 @@ def extract(wheel: Path, dest: Path, members: Iterable[str] | None = None) -> li
         os.chmod(target, mode)
         written.append(name)
     return written
-
-
-def record_hash(data: bytes) -> str:
-    """The RECORD spelling of a sha256: ``sha256=<urlsafe b64, no padding>``."""
-    digest = hashlib.sha256(data).digest()
-    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 def safe_member(name: str, info: zipfile.ZipInfo | None = None) -> PurePosixPath:
@@ -226,7 +218,7 @@ class PatchedWheel:
         for name in (*replace, *delete):
             safe_member(name)
         record_name = f"{self.dist_info}/RECORD"
-        pristine_record = _read_record(self.read(record_name), f"{self.pristine}:{record_name}")
+        pristine_record = record.parse(self.read(record_name), f"{self.pristine}:{record_name}")
         members: list[_Member] = []
         if f"{self.dist_info}/METADATA" not in self.infos:
             raise InputError(f"{self.pristine}: no {self.dist_info}/METADATA member.",
@@ -249,26 +241,19 @@ class PatchedWheel:
             members.append(_Member(name, None, replace[name]))
         members.extend(dist_members)
 
-        record: dict[str, str] = {}
-        sizes: dict[str, int] = {}
+        rows: record.Entries = {}
         for m in members:
             if m.data is None:
                 if m.name not in pristine_record:
                     raise InputError(f"{self.pristine}: member {m.name} is not in its RECORD.",
                                      hint="the wheel is damaged; fetch or re-pin it")
-                h, size = pristine_record[m.name]
-                record[m.name], sizes[m.name] = h, size
+                rows[m.name] = pristine_record[m.name]
             else:
-                record[m.name], sizes[m.name] = record_hash(m.data), len(m.data)
+                rows[m.name] = (record.hash_of(m.data), len(m.data))
         new_record = f"{self.new_dist_info}/RECORD"
-        lines = io.StringIO()
-        writer = csv.writer(lines, lineterminator="\n")
-        for name in sorted(record):
-            writer.writerow([name, record[name], sizes[name]])
-        writer.writerow([new_record, "", ""])
-        members.append(_Member(new_record, meta_time, lines.getvalue().encode()))
+        members.append(_Member(new_record, meta_time, record.render(rows, new_record)))
         self._emit(out, members, meta_time)
-        return {name: (record[name], sizes[name]) for name in record}
+        return rows
 
     def _emit(self, out: Path, members: list[_Member], default: zipfile.ZipInfo) -> None:
         ordered = sorted(self.infos.values(), key=lambda i: i.header_offset)
@@ -379,19 +364,7 @@ def _central_raw(info: zipfile.ZipInfo, offset: int) -> bytes:
     ) + raw
 
 
-def _read_record(data: bytes, where: str = "RECORD") -> dict[str, tuple[str, int]]:
-    out: dict[str, tuple[str, int]] = {}
-    try:
-        for row in csv.reader(io.StringIO(data.decode("utf-8"))):
-            if len(row) >= 3 and row[1]:
-                out[row[0]] = (row[1], int(row[2]))
-    except (UnicodeDecodeError, ValueError, csv.Error) as exc:
-        raise InputError(f"{where}: not a valid RECORD: {exc}.",
-                         hint="the wheel is damaged; fetch or re-pin it") from None
-    return out
-
-
 def read_record(wheel: Path, dist_info: str) -> dict[str, tuple[str, int]]:
     """A wheel's RECORD: member → (record hash, size); RECORD's own line left out."""
     name = f"{dist_info}/RECORD"
-    return _read_record(read(wheel, name), f"{wheel}:{name}")
+    return record.parse(read(wheel, name), f"{wheel}:{name}")
