@@ -47,7 +47,6 @@ Where the new wheel comes from, in order: a fetch entry of the store for that ex
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -63,6 +62,7 @@ from qwen38build.digest import sha256_file
 from qwen38build.engine.fetch import locked_wheel, wheel_in_store
 from qwen38build.errors import InputError, LockError, Qwen38BuildError
 from qwen38build.inputs import lock as lockmod
+from qwen38build.inputs.env import source_dirs
 from qwen38build.inputs.recipe import LoadedRecipe
 from qwen38build.pinning import pylock as envlock
 from qwen38build.proc import run
@@ -92,8 +92,8 @@ def resolve_wheel(
     if found is not None:
         e = entry(*found)
         return e, wheel_in_store(loaded, store, e)
-    for d in filter(None, os.environ.get("QWEN38BUILD_SOURCES", "").split(os.pathsep)):
-        p = Path(d) / filename
+    for d in source_dirs():
+        p = d / filename
         if p.is_file():
             e = entry(sha256_file(p), p.stat().st_size)
             return e, wheel_in_store(loaded, store, e)

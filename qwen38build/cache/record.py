@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from qwen38build.cache.signing import PublicKey, SecretKey, sign_record, trusted_signer
-from qwen38build.digest import sha256_json
+from qwen38build.engine.step import derivation_digest
 from qwen38build.errors import CacheError, UntrustedEntry
 
 if TYPE_CHECKING:
@@ -79,8 +79,7 @@ def check(data: bytes, digest: str, trusted: list[PublicKey]) -> CacheRecord:
     if rec.get("digest") != digest:
         raise UntrustedEntry(f"the record is for another digest ({str(rec.get('digest'))[:12]})")
     drv = rec.get("derivation")
-    if not isinstance(drv, dict) or sha256_json(
-            {k: v for k, v in drv.items() if k != "name"}) != digest:
+    if not isinstance(drv, dict) or derivation_digest(drv) != digest:
         raise UntrustedEntry("the record's derivation does not hash to its digest")
     signer = trusted_signer(rec, trusted)
     if signer is None:

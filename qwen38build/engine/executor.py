@@ -23,6 +23,7 @@ from qwen38build.engine.report import Reporter
 from qwen38build.engine.step import Step, walk
 from qwen38build.errors import InputError, StoreError
 from qwen38build.files import remove_tree
+from qwen38build.inputs.env import source_dirs
 from qwen38build.steps import kind_module
 from qwen38build.store.entry import CorruptEntry, Entry
 from qwen38build.store.store import Store
@@ -93,8 +94,7 @@ class Context:
         """
         for st in (self.store, *self.source_stores):
             yield from _outputs_named(st, filename, sha256)
-        env_dirs = filter(None, os.environ.get("QWEN38BUILD_SOURCES", "").split(os.pathsep))
-        for d in (*self.source_dirs, *map(Path, env_dirs)):
+        for d in (*self.source_dirs, *source_dirs()):
             p = d / filename
             if p.is_file():
                 yield p

@@ -44,11 +44,7 @@ class Step:
 
     @cached_property
     def digest(self) -> str:
-        from qwen38build.digest import sha256_json
-
-        drv = self.derivation()
-        del drv["name"]
-        return sha256_json(drv)
+        return derivation_digest(self.derivation())
 
     @property
     def short(self) -> str:
@@ -59,6 +55,17 @@ class Step:
             if k == name:
                 return d
         raise KeyError(name)
+
+
+def derivation_digest(drv: Mapping[str, Any]) -> str:
+    """The digest of a derivation: sha256 of its canonical JSON, the human name left out.
+
+    The one definition of what a digest covers: a step computes its own with it, and a
+    cache record's derivation is checked against its digest with it.
+    """
+    from qwen38build.digest import sha256_json
+
+    return sha256_json({k: v for k, v in drv.items() if k != "name"})
 
 
 def closure(top: Step) -> list[Step]:

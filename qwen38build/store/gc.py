@@ -21,6 +21,7 @@ from qwen38build.errors import StoreError
 from qwen38build.files import remove_tree
 from qwen38build.store import temproots
 from qwen38build.store.entry import is_digest
+from qwen38build.store.record import roots
 from qwen38build.store.store import Store
 
 
@@ -38,17 +39,7 @@ def _rooted_builds(store: Store, report: Report, *, prune: bool) -> set[str]:
             raise StoreError(f"{folder}: the store's roots are not a folder here; gc removed "
                              "nothing, as it cannot tell what they keep.",
                              hint="move that file away (roots are folders of small files)")
-    out: set[str] = set()
-    if store.roots.is_dir():
-        for p in sorted(store.roots.glob("*.json")):
-            try:
-                build = json.loads(p.read_bytes())["build"]
-                if not isinstance(build, str):
-                    raise TypeError("build is not a string")
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                report.problems.append(f"{p}: malformed root ({exc}); ignored")
-                continue
-            out.add(build)
+    out = set(roots(store, report.problems).values())
     if store.auto_roots.is_dir():
         objects = os.path.realpath(store.objects)
         for auto in sorted(store.auto_roots.iterdir()):

@@ -96,18 +96,22 @@ def read_build(store: Store, build_hash: str) -> dict[str, Any]:
     return data
 
 
-def roots(store: Store) -> dict[str, str]:
-    """gc roots: name → build hash; a malformed root is skipped (gc names it)."""
+def roots(store: Store, problems: list[str] | None = None) -> dict[str, str]:
+    """The named gc roots: name → build hash. The one reader of ``roots/``: a malformed
+    root is skipped, and said in ``problems`` when given (gc names it)."""
     out: dict[str, str] = {}
     if not store.roots.is_dir():
         return out
     for p in sorted(store.roots.glob("*.json")):
         try:
             build = json.loads(p.read_bytes())["build"]
-        except (OSError, ValueError, KeyError, TypeError):
+            if not isinstance(build, str):
+                raise TypeError("build is not a string")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            if problems is not None:
+                problems.append(f"{p}: malformed root ({exc}); ignored")
             continue
-        if isinstance(build, str):
-            out[p.stem] = build
+        out[p.stem] = build
     return out
 
 
