@@ -28,7 +28,7 @@ ENGINE = (
     "qwen38build.digest", "qwen38build.errors", "qwen38build.engine.executor",
     "qwen38build.engine.report", "qwen38build.engine.step", "qwen38build.store.store",
     "qwen38build.store.temproots", "qwen38build.files", "qwen38build.store.entry",
-    "qwen38build.proc",
+    "qwen38build.proc", "qwen38build.inputs.env",
 )
 FIXED = "fixed-output"
 # The kinds, each the module that runs it.
