@@ -6,14 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from qwen38build.cli.stages import (
-    check_patch_files,
-    load_plan,
-    load_recipe,
-    open_store,
-    open_substituters,
-    root_name,
-)
+from qwen38build.cli import stages
 from qwen38build.errors import CheckFailed, StoreError, UsageError
 
 TYPE_CHECKING = False
@@ -34,14 +27,14 @@ def cmd_build(args: argparse.Namespace) -> int:
     from qwen38build.engine.reads import Collector, default_excludes
     from qwen38build.engine.report import make_reporter
 
-    store = open_store(args)
-    subs = open_substituters(args)  # bad cache settings are bad input: before any work
+    store = stages.open_store(args)
+    subs = stages.open_substituters(args)  # bad cache settings are bad input: before any work
     recipe_dir = os.path.dirname(os.path.realpath(args.recipe))
     # Every project file read from here on is an input of the no-op's key.
     with Collector(recipe_dir, (*default_excludes(), str(store.root))) as reads:
-        loaded = load_recipe(args)
-        plan = load_plan(loaded, only=only(args), system_nvcc=args.system_nvcc)
-        check_patch_files(loaded)  # every input is valid before the store is touched
+        loaded = stages.load_recipe(args)
+        plan = stages.load_plan(loaded, only=only(args), system_nvcc=args.system_nvcc)
+        stages.check_patch_files(loaded)  # every input is valid before the store is touched
         reporter = make_reporter(quiet=args.quiet)
         # One store session for the whole build: its temporary roots keep everything it
         # makes or uses from gc until the record, the root and ./result are in place.
@@ -80,7 +73,7 @@ def _build_held(
             print(f"lint: {f}", file=sys.stderr)
         raise lint_failed(len(findings))
     outcomes = realise([plan.top], store, reporter, substituters=subs)
-    record.write_build(store, plan.top, outcomes, root_name=root_name(loaded))
+    record.write_build(store, plan.top, outcomes, root_name=stages.root_name(loaded))
     outputs = _outputs(plan, outcomes)
     files, dirs = reads.inputs()
     fastpath.save(store.root, loaded.path, files, dirs, plan.build_hash, outputs)

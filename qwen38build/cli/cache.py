@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from qwen38build.cli.stages import emit, load_recipe, open_store, root_name
+from qwen38build.cli import stages
 from qwen38build.errors import ExitCode, UsageError
 
 TYPE_CHECKING = False
@@ -33,11 +33,11 @@ def cmd_push(args: argparse.Namespace) -> int:
                          hint="give --key FILE (from `qwen38build cache keygen NAME`), or set "
                          "QWEN38BUILD_SECRET_KEY_FILE or cache.secret-key-file")
     key = SecretKey.load(key_file)
-    store = open_store(args)
+    store = stages.open_store(args)
     builds = args.build or _default_builds(args, store)
     result = push(store, url, closure_digests(store, builds), key, timeout=cfg.timeout,
                   reporter=make_reporter(quiet=args.quiet))
-    emit(args, {"url": url, "sent": result.sent, "present": result.present,
+    stages.emit(args, {"url": url, "sent": result.sent, "present": result.present,
                 "bytes": result.bytes_sent},
          f"pushed {len(result.sent)} entries ({result.bytes_sent / 1e6:.1f} MB) to {url}; "
          f"{len(result.present)} were there already")
@@ -54,7 +54,7 @@ def _default_builds(args: argparse.Namespace, store: Store) -> list[str]:
         found.append(Path(os.readlink(link)).name)
     recorded = roots(store)
     if Path(args.recipe).is_file():
-        name = root_name(load_recipe(args))
+        name = stages.root_name(stages.load_recipe(args))
         for root in (name, name + "-kernels"):
             if root in recorded and recorded[root] not in found:
                 found.append(recorded[root])

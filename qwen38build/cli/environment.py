@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qwen38build.cli.stages import emit, load_recipe, open_store
+from qwen38build.cli import stages
 from qwen38build.errors import ExitCode
 
 TYPE_CHECKING = False
@@ -16,9 +16,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from qwen38build.engine.report import make_reporter
     from qwen38build.engine.reproduce import reproduce
 
-    result = reproduce(open_store(args), args.build_hash, make_reporter(quiet=args.quiet),
+    result = reproduce(stages.open_store(args), args.build_hash, make_reporter(quiet=args.quiet),
                        keep=args.keep)
-    emit(args, result.as_json(), result.text())
+    stages.emit(args, result.as_json(), result.text())
     return ExitCode.OK if result.ok else ExitCode.FAILED
 
 
@@ -26,13 +26,13 @@ def cmd_lock(args: argparse.Namespace) -> int:
     from qwen38build.pinning import pylock as envlock
     from qwen38build.pinning.sources import check_lock, relock, relock_env
 
-    loaded = load_recipe(args)
+    loaded = stages.load_recipe(args)
     if args.check:
         check_lock(loaded)
         env = envlock.check(loaded)
         print(f"lock is current for {loaded.path.name} (sources and {env.name})")
         return ExitCode.OK
-    store = open_store(args)
+    store = stages.open_store(args)
     path = relock(loaded, store)
     env = relock_env(loaded, store)  # refuses a torch the pin excludes, before uv runs
     print(f"wrote {path}\nwrote {env}")
@@ -42,9 +42,9 @@ def cmd_lock(args: argparse.Namespace) -> int:
 def cmd_env(args: argparse.Namespace) -> int:
     from qwen38build.wheels.venv import make
 
-    made = make(load_recipe(args), open_store(args), Path(args.dir), python=args.python,
-                offline=args.offline)  # UV_OFFLINE reaches uv by itself
-    emit(args, {"env": str(made.dest), "python": made.python,
+    made = make(stages.load_recipe(args), stages.open_store(args), Path(args.dir),
+                python=args.python, offline=args.offline)  # UV_OFFLINE reaches uv by itself
+    stages.emit(args, {"env": str(made.dest), "python": made.python,
                 "site_packages": str(made.site_packages), "locked_packages": made.packages,
                 "wheels": list(made.wheels)},
          f"env {made.dest}: {made.packages} locked package(s) and {', '.join(made.wheels)}; "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from qwen38build.cli.stages import emit, load_plan, load_recipe, open_store
+from qwen38build.cli import stages
 from qwen38build.errors import ExitCode, Qwen38BuildError, UsageError
 
 TYPE_CHECKING = False
@@ -20,9 +20,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from qwen38build.engine.plan import kernel_steps
     from qwen38build.engine.step import walk
 
-    loaded = load_recipe(args)
-    plan = load_plan(loaded)
-    store = open_store(args)
+    loaded = stages.load_recipe(args)
+    plan = stages.load_plan(loaded)
+    store = stages.open_store(args)
     declared = [{"name": d.name, "status": d.reason} for d in plan.declared]
     tops = [plan.top]
     from qwen38build.kernels.kernels import system_nvcc_requested
@@ -43,7 +43,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ]
     lines += [f"{'declared':9} {'-':11} {'-':12}  {d['name']}: {d['status']}" for d in declared]
     lines.append(f"build hash {plan.build_hash}")
-    emit(args, {"build": plan.build_hash, "steps": rows, "declared": declared}, "\n".join(lines))
+    stages.emit(args, {"build": plan.build_hash, "steps": rows, "declared": declared},
+                "\n".join(lines))
     return ExitCode.OK
 
 
@@ -62,7 +63,7 @@ def _resolve_step(plan: Plan, ref: str) -> Any:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    plan = load_plan(load_recipe(args))
+    plan = stages.load_plan(stages.load_recipe(args))
     step = _resolve_step(plan, args.step)
     drv = step.derivation()
     drv["digest"] = step.digest
@@ -74,15 +75,15 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_why(args: argparse.Namespace) -> int:
     from qwen38build.engine.why import explain
 
-    plan = load_plan(load_recipe(args))
+    plan = stages.load_plan(stages.load_recipe(args))
     step = _resolve_step(plan, args.step)
-    lines = explain(open_store(args), step)
+    lines = explain(stages.open_store(args), step)
     print("\n".join(lines))
     return ExitCode.OK
 
 
 def cmd_ci_matrix(args: argparse.Namespace) -> int:
-    loaded = load_recipe(args)
+    loaded = stages.load_recipe(args)
     include = [{"arch": a, "sm": a.replace(".", "")} for a in loaded.recipe.cuda.archs]
 
     print(json.dumps({"include": include}, separators=(",", ":")))

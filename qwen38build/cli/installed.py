@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from qwen38build.cli.stages import emit, open_store
+from qwen38build.cli import stages
 from qwen38build.errors import ExitCode, Qwen38BuildError, UsageError
 
 TYPE_CHECKING = False
@@ -21,7 +21,7 @@ def _manifest(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     from qwen38build.store.record import check_build_hash, read_build, roots
     from qwen38build.wheels.installed import read_manifest
 
-    store = open_store(args)
+    store = stages.open_store(args)
     build = args.build
     if build is None:
         link = Path(args.recipe).parent / "result"
@@ -71,7 +71,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     ok = not problems
     text = (f"{args.path}: holds exactly build {manifest['local_version']}" if ok else
             "\n".join(str(p) for p in problems) + f"\n{len(problems)} difference(s)")
-    emit(args, {"ok": ok, "problems": [p.as_json() for p in problems]},
+    stages.emit(args, {"ok": ok, "problems": [p.as_json() for p in problems]},
          text)
     return ExitCode.OK if ok else ExitCode.FAILED
 

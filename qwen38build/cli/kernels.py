@@ -6,14 +6,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from qwen38build.cli.stages import (
-    check_archs,
-    emit,
-    load_recipe,
-    open_store,
-    open_substituters,
-    root_name,
-)
+from qwen38build.cli import stages
 from qwen38build.errors import ExitCode
 
 TYPE_CHECKING = False
@@ -29,13 +22,13 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     from qwen38build.kernels.kernels import system_nvcc_requested
     from qwen38build.store import record
 
-    loaded = load_recipe(args)
-    steps = kernel_steps(loaded, check_archs(loaded, args.arch),
+    loaded = stages.load_recipe(args)
+    steps = kernel_steps(loaded, stages.check_archs(loaded, args.arch),
                          system_nvcc=system_nvcc_requested(args.system_nvcc))
     cubins, wheel = steps[:-1], steps[-1]
-    store = open_store(args)
+    store = stages.open_store(args)
     reporter = make_reporter(quiet=args.quiet)
-    subs = open_substituters(args)
+    subs = stages.open_substituters(args)
     outcomes: dict[str, Outcome] = {}
     # The toolchain first, once; then the arches, which are independent: side by side
     # (each under its digest's lock).
@@ -45,7 +38,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
                                cubins):
             outcomes.update(result)
     outcomes.update(realise([wheel], store, reporter, substituters=subs))
-    record.write_build(store, wheel, outcomes, root_name=root_name(loaded) + "-kernels")
+    record.write_build(store, wheel, outcomes, root_name=stages.root_name(loaded) + "-kernels")
     out = outcomes[wheel.digest].entry.the_output(".whl")
     copied: list[str] = []
     if args.out:
@@ -55,7 +48,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
             for name in entry.outputs:
                 if name.endswith((".cubin", ".ptx", ".whl")):
                     copied.append(str(shutil.copyfile(entry.file(name), dest / name)))
-    emit(args, {"build": wheel.digest, "wheel": str(out), "copied": copied,
+    stages.emit(args, {"build": wheel.digest, "wheel": str(out), "copied": copied,
                 "cubins": {s.params["arch"]: s.digest for s in cubins}},
          "\n".join([f"build {wheel.digest}", f"wheel {out}", *(f"copied {c}" for c in copied)]))
     return ExitCode.OK

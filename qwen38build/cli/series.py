@@ -5,14 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from qwen38build.cli import stages
 from qwen38build.cli.build import pristine_wheel
-from qwen38build.cli.stages import (
-    check_patch_files,
-    emit,
-    load_plan,
-    load_recipe,
-    open_store,
-)
 from qwen38build.errors import CheckFailed, ExitCode, Qwen38BuildError, RecipeError, UsageError
 
 TYPE_CHECKING = False
@@ -23,10 +17,10 @@ if TYPE_CHECKING:
 def cmd_workspace_create(args: argparse.Namespace) -> int:
     from qwen38build.workspace.workspace import create
 
-    loaded = load_recipe(args)
-    check_patch_files(loaded)  # before the folder is made or the wheel fetched
+    loaded = stages.load_recipe(args)
+    stages.check_patch_files(loaded)  # before the folder is made or the wheel fetched
     dest = Path(args.dir) if args.dir else loaded.root / "workspace"
-    repo = create(loaded, open_store(args), dest)
+    repo = create(loaded, stages.open_store(args), dest)
     print(f"workspace {repo} (tag v{loaded.recipe.vllm.version}, one commit per topic)")
     return ExitCode.OK
 
@@ -34,7 +28,7 @@ def cmd_workspace_create(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from qwen38build.workspace.workspace import export
 
-    loaded = load_recipe(args)
+    loaded = stages.load_recipe(args)
     dest = Path(args.dir) if args.dir else loaded.root / "workspace"
     files = export(loaded, dest, args.topics or None, check=args.check)
     if args.check:
@@ -57,11 +51,11 @@ def cmd_bump(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot bump {args.package!r}; only vllm is pinned by version.")
     if args.retire and args.dry_run:
         raise UsageError("--retire changes the recipe; it cannot go with --dry-run.")
-    loaded = load_recipe(args)
-    check_patch_files(loaded)
-    report = bump(loaded, open_store(args), args.version, dry_run=args.dry_run,
+    loaded = stages.load_recipe(args)
+    stages.check_patch_files(loaded)
+    report = bump(loaded, stages.open_store(args), args.version, dry_run=args.dry_run,
                   rebase=Path(args.rebase) if args.rebase else None, retire=args.retire)
-    emit(args, report.to_json(), report.to_markdown())
+    stages.emit(args, report.to_json(), report.to_markdown())
     ok = report.ok and (report.rebase is None or report.rebase.ok)
     return ExitCode.OK if ok else ExitCode.FAILED
 
@@ -79,7 +73,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
     if missing:
         raise RecipeError(args.recipe, missing)
     try:
-        pristine = pristine_wheel(open_store(args), load_plan(loaded))
+        pristine = pristine_wheel(stages.open_store(args), stages.load_plan(loaded))
     except Qwen38BuildError:
         pristine = None  # no usable lock: the knob rule says it could not read envs.py
     findings = lint.check(loaded, pristine_envs=pristine)
@@ -93,7 +87,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
 def cmd_table(args: argparse.Namespace) -> int:
     from qwen38build.series import table
 
-    loaded = load_recipe(args)
+    loaded = stages.load_recipe(args)
     md = loaded.root / "PATCHES.md"
     if args.check:
         diff = table.check(loaded, md)

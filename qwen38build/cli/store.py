@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from qwen38build.cli.stages import emit, open_store
+from qwen38build.cli import stages
 from qwen38build.errors import ExitCode
 
 TYPE_CHECKING = False
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 def cmd_gc(args: argparse.Namespace) -> int:
     from qwen38build.store.gc import collect
 
-    report = collect(open_store(args), dry_run=args.dry_run)
+    report = collect(stages.open_store(args), dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     lines = [f"{verb} {d}" for d in report.removed]
     lines += [f"removed tmp/{t} (its owner is dead)" for t in report.tmp_removed]
@@ -28,8 +28,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
 def cmd_store_verify(args: argparse.Namespace) -> int:
     from qwen38build.store.check import damage, verify
 
-    found = verify(open_store(args))
+    found = verify(stages.open_store(args))
     bad = damage(found)
     lines = [*map(str, found), *([] if bad else ["every store entry is intact"])]
-    emit(args, {"ok": not bad, "findings": [f.as_json() for f in found]}, "\n".join(lines))
+    stages.emit(args, {"ok": not bad, "findings": [f.as_json() for f in found]}, "\n".join(lines))
     return ExitCode.FAILED if bad else ExitCode.OK
