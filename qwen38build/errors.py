@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import enum
 
+TYPE_CHECKING = False  # typing itself costs the no-op path time
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 
 class ExitCode(enum.IntEnum):
     """What the process returns; one meaning each."""
@@ -110,7 +114,7 @@ class KernelBuildError(Qwen38BuildError):
 class LintFailed(CheckFailed):
     """The lint found broken rules; ``findings`` holds each one (its ``str()`` is a line)."""
 
-    def __init__(self, findings: list[object], *, hint: str | None = None) -> None:
+    def __init__(self, findings: Sequence[object], *, hint: str | None = None) -> None:
         self.findings = findings
         noun = "rule is" if len(findings) == 1 else "rules are"
         lines = "\n".join(f"  {f}" for f in findings)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from qwen38build.cli import stages
-from qwen38build.errors import CheckFailed, StoreError, UsageError
+from qwen38build.errors import LintFailed, StoreError, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -69,9 +68,8 @@ def _build_held(
     realise([plan.targets["fetch"]], store, reporter, substituters=subs)
     findings = lint.check(loaded, pristine_envs=pristine_wheel(store, plan))
     if findings:
-        for f in findings:
-            print(f"lint: {f}", file=sys.stderr)
-        raise lint_failed(len(findings))
+        raise LintFailed(findings, hint="nothing was applied; fix them, or run "
+                         "`qwen38build lint` for each finding's hint")
     outcomes = realise([plan.top], store, reporter, substituters=subs)
     record.write_build(store, plan.top, outcomes, root_name=stages.root_name(loaded))
     outputs = _outputs(plan, outcomes)
@@ -102,11 +100,3 @@ def pristine_wheel(store: Store, plan: Plan) -> Path | None:
     """The locked vLLM wheel in the store, or None when it has not been fetched."""
     entry = store.get(plan.targets["fetch"].digest)
     return entry.the_output(".whl") if entry else None
-
-
-def lint_failed(n: int) -> CheckFailed:
-    return CheckFailed(
-        f"{n} lint finding(s) above; nothing was applied.",
-        hint="fix them, or run `qwen38build lint` for the same report",
-    )
-

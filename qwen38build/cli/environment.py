@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from qwen38build.cli import stages
-from qwen38build.errors import ExitCode
+from qwen38build.errors import CheckFailed, ExitCode
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -19,7 +19,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     result = reproduce(stages.open_store(args), args.build_hash, make_reporter(quiet=args.quiet),
                        keep=args.keep)
     stages.emit(args, result.as_json(), result.text())
-    return ExitCode.OK if result.ok else ExitCode.FAILED
+    if not result.ok:
+        raise CheckFailed(f"build {args.build_hash[:12]} is not reproduced: the differences "
+                          "are above.")
+    return ExitCode.OK
 
 
 def cmd_lock(args: argparse.Namespace) -> int:

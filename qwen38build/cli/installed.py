@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from qwen38build.cli import stages
-from qwen38build.errors import ExitCode, Qwen38BuildError, UsageError
+from qwen38build.errors import CheckFailed, ExitCode, Qwen38BuildError, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -71,9 +71,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     ok = not problems
     text = (f"{args.path}: holds exactly build {manifest['local_version']}" if ok else
             "\n".join(str(p) for p in problems) + f"\n{len(problems)} difference(s)")
-    stages.emit(args, {"ok": ok, "problems": [p.as_json() for p in problems]},
-         text)
-    return ExitCode.OK if ok else ExitCode.FAILED
+    stages.emit(args, {"ok": ok, "problems": [p.as_json() for p in problems]}, text)
+    if not ok:
+        raise CheckFailed(f"{args.path}: does not hold build {manifest['local_version']} "
+                          f"({len(problems)} difference(s) above).",
+                          hint="run `qwen38build apply` on it, or reinstall the build's wheels")
+    return ExitCode.OK
 
 
 def cmd_apply(args: argparse.Namespace) -> int:

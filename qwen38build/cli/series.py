@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from qwen38build.cli import stages
 from qwen38build.cli.build import pristine_wheel
-from qwen38build.errors import CheckFailed, ExitCode, Qwen38BuildError, RecipeError, UsageError
+from qwen38build.errors import (
+    CheckFailed,
+    ExitCode,
+    Qwen38BuildError,
+    RecipeError,
+    TableStale,
+    UsageError,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -56,8 +62,10 @@ def cmd_bump(args: argparse.Namespace) -> int:
     report = bump(loaded, stages.open_store(args), args.version, dry_run=args.dry_run,
                   rebase=Path(args.rebase) if args.rebase else None, retire=args.retire)
     stages.emit(args, report.to_json(), report.to_markdown())
-    ok = report.ok and (report.rebase is None or report.rebase.ok)
-    return ExitCode.OK if ok else ExitCode.FAILED
+    if not report.ok or (report.rebase is not None and not report.rebase.ok):
+        raise CheckFailed(f"moving vllm to {args.version}: some patches do not carry over "
+                          "(the report above names each, and what to do next).")
+    return ExitCode.OK
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
@@ -80,8 +88,11 @@ def cmd_lint(args: argparse.Namespace) -> int:
     for f in findings:
         print(f)
         print(f"  hint: {f.hint}")
-    print(f"{len(findings)} finding(s)" if findings else "lint: clean")
-    return ExitCode.FAILED if findings else ExitCode.OK
+    if findings:
+        raise CheckFailed(f"{len(findings)} lint finding(s) above.",
+                          hint="fix each as its hint says, then run `qwen38build lint` again")
+    print("lint: clean")
+    return ExitCode.OK
 
 
 def cmd_table(args: argparse.Namespace) -> int:
@@ -92,9 +103,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     if args.check:
         diff = table.check(loaded, md)
         if diff:
-            print(diff)
-            print(f"{md.name}: the table is stale; run `qwen38build table`", file=sys.stderr)
-            return ExitCode.FAILED
+            raise TableStale(md.name, diff)
         print(f"{md.name}: table is current")
         return ExitCode.OK
     changed = table.write(loaded, md)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from qwen38build.cli import stages
-from qwen38build.errors import ExitCode
+from qwen38build.errors import CheckFailed, ExitCode
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,4 +32,9 @@ def cmd_store_verify(args: argparse.Namespace) -> int:
     bad = damage(found)
     lines = [*map(str, found), *([] if bad else ["every store entry is intact"])]
     stages.emit(args, {"ok": not bad, "findings": [f.as_json() for f in found]}, "\n".join(lines))
-    return ExitCode.FAILED if bad else ExitCode.OK
+    if bad:
+        raise CheckFailed(f"{len(bad)} damaged store entr{'y' if len(bad) == 1 else 'ies'} "
+                          "(listed above).",
+                          hint="a build removes and rebuilds them; `qwen38build gc` drops "
+                          "what no root keeps")
+    return ExitCode.OK
