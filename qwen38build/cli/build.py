@@ -43,13 +43,13 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def only(args: argparse.Namespace) -> list[str] | None:
     """The outputs --only names, in order, each once; None for the recipe's default."""
-    if not getattr(args, "only", None):
-        return None
-    names = [n.strip() for arg in args.only for n in arg.split(",") if n.strip()]
-    if not names:
+    from qwen38build.engine.fastpath import requested
+
+    names = requested(getattr(args, "only", None))
+    if names == []:
         raise UsageError("command line: --only names no output.",
                          hint="give vllm, pthfa or pylock (repeat --only, or separate by commas)")
-    return list(dict.fromkeys(names))
+    return names
 
 
 def _build_held(
@@ -74,7 +74,8 @@ def _build_held(
     record.write_build(store, plan.top, outcomes, root_name=stages.root_name(loaded))
     outputs = _outputs(plan, outcomes)
     files, dirs = reads.inputs()
-    fastpath.save(store.root, loaded.path, files, dirs, plan.build_hash, outputs)
+    fastpath.save(store.root, loaded.path, files, dirs, plan.build_hash, outputs,
+                  only=only(args), system_nvcc=args.system_nvcc)
     drop_dead_temps(loaded.root, ".result.")  # a killed build's half-made link
     code = report_build(store.root, plan.build_hash, outputs, loaded.root,
                         link=not args.no_link, as_json=args.json)

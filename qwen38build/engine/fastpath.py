@@ -1,13 +1,16 @@
 """The no-op build: answer "already built" without loading the recipe.
 
 Validating the recipe (pydantic), planning, and even building the argument parser cost
-more than the whole no-op budget. So a successful build leaves
-``fastpath/<key>.json``, keyed by the recipe's real path and bytes: every project file and
-folder the build read (collected by :mod:`qwen38build.engine.reads`, not listed by hand), a
-fingerprint over their bytes, the folders' listings and the engine's code, and the build
-hash. A no-op re-reads those files, compares the fingerprint and stats the outputs;
-anything different misses and takes the full path. Both sides normalise the project's
-path with ``os.path.realpath``. Only the standard library here, and no tomllib.
+more than the whole no-op budget. So a successful build leaves ``fastpath/<key>.json``,
+keyed by the request: the recipe's real path and bytes, the outputs asked for (``--only``)
+and the compiler asked for (``--system-nvcc``, ``$QWEN38BUILD_NVCC``). It holds every
+project file and folder the build read (collected by :mod:`qwen38build.engine.reads`, not
+listed by hand), a fingerprint over their bytes, real paths and the folders' listings and
+the engine's code, the stat of every machine program whose identity is in a digest (GNU
+patch, the host compiler, a system nvcc), and the build's answer. A no-op re-reads those,
+then checks every output of the closure it hands over (the stack's links and each part's
+files, by their recorded stat); anything different misses and takes the full path, so the
+answer never differs from ``--rebuild``'s. Only the standard library here, and no tomllib.
 """
 
 from __future__ import annotations
@@ -23,35 +26,51 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-_ENGINE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIR = "fastpath"
-
+FORMAT = 2
 
 # Environment variables that change the plan (the nvcc choice is in the kernels' digests).
 PLAN_ENV = ("QWEN38BUILD_NVCC",)
 
 
-def _key(recipe_real: str, recipe_bytes: bytes) -> str:
+def requested(values: list[str] | None) -> list[str] | None:
+    """``--only`` values as the plan takes them: split at commas, stripped, each once, in
+    order; None for the recipe's default (no ``--only``), [] when they name nothing."""
+    if not values:
+        return None
+    return list(dict.fromkeys(n.strip() for v in values for n in v.split(",") if n.strip()))
+
+
+def _key(recipe_real: str, recipe_bytes: bytes, only: list[str] | None, system_nvcc: bool
+         ) -> str:
     env = "\0".join(os.environ.get(k, "") for k in PLAN_ENV)
-    head = f"qwen38build {__version__}\0{recipe_real}\0{env}\0".encode()
+    wanted = "default" if only is None else ",".join(only)
+    head = (f"qwen38build {__version__}\0{FORMAT}\0{recipe_real}\0{env}\0{wanted}\0"
+            f"{int(system_nvcc)}\0").encode()
     return hashlib.sha256(head + recipe_bytes).hexdigest()
 
 
 def fingerprint(root: Path, files: list[str], dirs: list[str]) -> str:
-    """sha256 over the listed files' bytes, the listed folders' contents, and the engine."""
+    """sha256 over the listed files' bytes and real paths, the listed folders' contents,
+    and the engine's code (by stat). A file reached through a link has another real path,
+    so a series folder swapped for a link misses even when the bytes agree."""
     h = hashlib.sha256()
     for rel in files:
-        h.update(f"\0f {rel}\0".encode())
+        path = os.path.join(root, rel)
+        h.update(f"\0f {rel}\0{os.path.realpath(path)}\0".encode())
         try:
-            with open(os.path.join(root, rel), "rb") as f:
+            with open(path, "rb") as f:
                 h.update(f.read())
         except OSError:
             h.update(b"<missing>")
     for rel in dirs:
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, rel)):
+        top = os.path.join(root, rel)
+        h.update(f"\0r {rel}\0{os.path.realpath(top)}\0".encode())
+        for dirpath, dirnames, filenames in os.walk(top):
             dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
             h.update(f"\0d {os.path.relpath(dirpath, root)}\0{sorted(filenames)}".encode())
-    for dirpath, dirnames, filenames in os.walk(_ENGINE):
+    for dirpath, dirnames, filenames in os.walk(_PACKAGE):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
         for name in sorted(filenames):
             if name.endswith(".py"):
@@ -60,73 +79,120 @@ def fingerprint(root: Path, files: list[str], dirs: list[str]) -> str:
     return h.hexdigest()
 
 
-def lookup(store_root: Path, recipe_path: Path) -> dict[str, Any] | None:
-    """The recorded build for this recipe if every input and output is as recorded."""
+def closure_intact(store_root: Path, tops: list[str]) -> bool:
+    """Every output of ``tops`` and of every entry their links reach has its recorded stat
+    (a link: its recorded target, one of the store's ``../<digest>/<name>`` shapes)."""
+    from qwen38build.store.entry import cheap_ok, is_digest, is_link_target
+
+    objects = os.path.join(store_root, "objects")
+    todo, seen = list(tops), set()
+    while todo:
+        digest = todo.pop()
+        if digest in seen:
+            continue
+        seen.add(digest)
+        if not is_digest(digest):
+            return False
+        with open(os.path.join(objects, f"{digest}.json"), "rb") as f:
+            outputs = json.loads(f.read())["outputs"]
+        for name, rec in outputs.items():
+            if not cheap_ok(rec, os.path.join(objects, digest, name)):
+                return False
+            if "link" in rec:
+                if not is_link_target(rec["link"]):
+                    return False
+                todo.append(rec["link"].split("/")[1])
+    return True
+
+
+def lookup(
+    store_root: Path, recipe_path: Path, *, only: list[str] | None = None,
+    system_nvcc: bool = False,
+) -> dict[str, Any] | None:
+    """The recorded answer for this request if every input and output is as recorded."""
+    from qwen38build.engine.tools import stamp
+
     try:
         real = os.path.realpath(recipe_path)
         with open(real, "rb") as f:
-            key = _key(real, f.read())
+            key = _key(real, f.read(), only, system_nvcc)
         with open(os.path.join(store_root, DIR, f"{key}.json"), "rb") as f:
             rec: dict[str, Any] = json.loads(f.read())
         root = Path(os.path.dirname(real))
         if rec["root"] != str(root) or fingerprint(root, rec["files"], rec["dirs"]) != rec["fp"]:
             return None
-        with open(os.path.join(store_root, "objects", f"{rec['build']}.json"), "rb") as f:
-            meta = json.loads(f.read())
-        out = os.path.join(store_root, "objects", rec["build"])
-        from qwen38build.store.entry import cheap_ok
-
-        for name, r in meta["outputs"].items():
-            if not cheap_ok(r, os.path.join(out, name)):
-                return None
-    except (OSError, ValueError, KeyError):
+        if stamp(rec["tools"]) != rec["stamp"]:
+            return None
+        if not closure_intact(store_root, [rec["build"], *(d for _, d, _ in rec["outputs"])]):
+            return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
         return None
     return rec
 
 
 def save(
     store_root: Path, recipe_path: Path, files: list[str], dirs: list[str], build: str,
-    outputs: list[list[str]],
+    outputs: list[list[str]], *, only: list[str] | None = None, system_nvcc: bool = False,
 ) -> None:
-    """Record a successful build for the next no-op (written atomically).
+    """Record a successful build for the next no-op of the same request (atomically).
 
     ``files`` and ``dirs`` are relative to the recipe's folder (its real path), as
-    :class:`qwen38build.engine.reads.Collector` gives them.
+    :class:`qwen38build.engine.reads.Collector` gives them; the machine programs are those
+    whose identity the plan took (:func:`qwen38build.engine.tools.used`).
     """
+    from qwen38build.engine.tools import stamp, used
+
     real = os.path.realpath(recipe_path)
     root = Path(os.path.dirname(real))
     with open(real, "rb") as f:
-        key = _key(real, f.read())
+        key = _key(real, f.read(), only, system_nvcc)
+    tools = used()
     rec = {"root": str(root), "files": files, "dirs": dirs,
-           "fp": fingerprint(root, files, dirs), "build": build, "outputs": outputs}
+           "fp": fingerprint(root, files, dirs), "tools": tools, "stamp": stamp(tools),
+           "build": build, "outputs": outputs}
     from qwen38build.store.store import Store
 
     Store(store_root).write_json(store_root / DIR / f"{key}.json", rec)
 
 
+_FLAGS = ("--no-link", "-q", "--quiet", "--json", "--system-nvcc")
+
+
 def try_noop(argv: list[str]) -> int | None:
-    """Answer ``[--recipe R] [--store S] build [--no-link] [-q] [--json]`` from the record.
+    """Answer ``[--recipe R] [--store S] build [--only O]... [--system-nvcc] [--no-link]
+    [-q] [--json]`` from the record.
 
     Returns None for any other command line, or when anything changed: then the full CLI
     runs. Kept to exactly the flags it understands, so it can never mean something else.
     """
     opts: dict[str, str] = {}
     flags: set[str] = set()
+    only: list[str] = []
     i = 0
     while i < len(argv) and argv[i] in ("--recipe", "--store") and i + 1 < len(argv):
         opts[argv[i]] = argv[i + 1]
         i += 2
     if argv[i : i + 1] != ["build"] or not all(v.strip() for v in opts.values()):
         return None  # an empty --store or --recipe is refused by the full CLI
-    for arg in argv[i + 1 :]:
-        if arg not in ("--no-link", "-q", "--quiet", "--json"):
+    rest = argv[i + 1 :]
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--only" and rest:
+            only.append(rest.pop(0))
+        elif arg.startswith("--only="):
+            only.append(arg.removeprefix("--only="))
+        elif arg in _FLAGS:
+            flags.add(arg)
+        else:
             return None
-        flags.add(arg)
+    wanted = requested(only)
+    if wanted == []:
+        return None  # the full CLI says --only names nothing
     from qwen38build.store.store import default_root
 
     store = Path(opts["--store"]) if "--store" in opts else default_root()
     recipe = Path(opts.get("--recipe", "recipe.toml"))
-    rec = lookup(store, recipe)
+    rec = lookup(store, recipe, only=wanted, system_nvcc="--system-nvcc" in flags)
     if rec is None:
         return None
     from qwen38build.engine.result import report_build

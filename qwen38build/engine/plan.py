@@ -19,6 +19,7 @@ from pathlib import Path
 
 from qwen38build.digest import sha256_file
 from qwen38build.engine.step import Step
+from qwen38build.engine.tools import identity
 from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.recipe import LoadedRecipe
 from qwen38build.steps import implementation
@@ -71,7 +72,9 @@ def make_plan(
     inputs = tuple((e.row_name, sha256_file(e.path)) for e in series)
     patch = Step(
         kind="patch", implementation=implementation("patch"), name="series",
-        params={"package": "vllm", "series": [e.row_name for e in series]},
+        # GNU patch is the machine's: its path and release are part of what the step is.
+        params={"package": "vllm", "series": [e.row_name for e in series],
+                "gnu_patch": identity("patch")},
         inputs=inputs, deps=(("wheel", fetch),),
         input_paths={e.row_name: e.path for e in series},
     )
@@ -166,7 +169,7 @@ def kernel_steps(
     their digest (KernelBuildError when there is none).
     """
     from qwen38build.inputs.recipe import normalise_arch
-    from qwen38build.kernels.kernels import NVCC_FLAGS, Nvcc, nvcc_version
+    from qwen38build.kernels.kernels import BASE_PATH, NVCC_FLAGS, Nvcc, nvcc_version
 
     r = loaded.recipe
     src = loaded.root / r.pthfa.path
@@ -176,14 +179,18 @@ def kernel_steps(
         raise KernelBuildError(f"{src / 'csrc'} does not exist; there are no kernel sources.")
     csrc = sorted(p for p in (src / "csrc").iterdir() if p.suffix in (".cu", ".cuh", ".h"))
     sources = tuple((p.name, sha256_file(p)) for p in csrc)
-    compiler: dict[str, str]
     deps: tuple[tuple[str, Step], ...]
+    # nvcc's host compiler is the machine's (found on BASE_PATH, as nvcc runs): its path and
+    # release are in every cubin's digest.
+    compiler: dict[str, object] = {"host_compiler": identity("gcc", BASE_PATH)}
     if system_nvcc:
-        compiler = {"nvcc": "system", "nvcc_version": nvcc_version(Nvcc.find_system())}
+        compiler.update(nvcc="system", nvcc_version=nvcc_version(Nvcc.find_system()),
+                        nvcc_identity=identity("nvcc", content=True))
         deps = ()
     else:
         tc = toolchain_step(loaded, lockmod.read(loaded.root) if locked is None else locked)
-        compiler, deps = {"nvcc": "toolchain"}, (("toolchain", tc),)
+        compiler["nvcc"] = "toolchain"
+        deps = (("toolchain", tc),)
     all_archs = list(r.cuda.archs)
     newest = max(all_archs, key=lambda a: tuple(int(x) for x in a.rstrip("af").split(".")))
     wanted = [normalise_arch(a) for a in archs] if archs else all_archs

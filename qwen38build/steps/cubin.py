@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 
 from qwen38build.engine.executor import Context
+from qwen38build.engine.tools import identity
 from qwen38build.errors import KernelBuildError
 from qwen38build.kernels.kernels import Nvcc, compile_arch, nvcc_version
 from qwen38build.steps import ENGINE, toolchain
@@ -19,6 +20,7 @@ KIND = "cubin"
 IMPLEMENTATION = (
     *ENGINE,
     "qwen38build.kernels.kernels",
+    "qwen38build.engine.tools",
     "qwen38build.steps.toolchain",
     "qwen38build.wheels.record",
     "qwen38build.wheels.wheelzip",
@@ -31,7 +33,8 @@ def run(ctx: Context) -> None:
         nvcc = toolchain.nvcc_of(ctx.dep_entry("toolchain"))
     elif p["nvcc"] == "system":
         nvcc = Nvcc.find_system()
-        if nvcc_version(nvcc) != p["nvcc_version"]:
+        if (nvcc_version(nvcc) != p["nvcc_version"]
+                or identity("nvcc", content=True) != p.get("nvcc_identity")):
             raise KernelBuildError(
                 f"the system nvcc changed since the plan was made (arch {p['arch']}); "
                 "nothing was stored.",
