@@ -15,6 +15,7 @@ from qwen38build.bump import bump
 from qwen38build.bump import report as bumpreport
 from qwen38build.errors import LockError, RecipeError
 from qwen38build.inputs import lock, recipe
+from qwen38build.inputs import lock as lockmod
 from qwen38build.pinning import pylock as envlock
 from qwen38build.pinning import sources as locking
 from qwen38build.store.store import Store
@@ -60,7 +61,9 @@ def test_torch_the_pin_excludes_is_refused_in_one_line_before_uv_runs(
 
     monkeypatch.setattr(envlock, "uv", no_uv)
     # the sources are pinned already; lock's own fetch through pip is not what is tested
-    monkeypatch.setattr(locking, "relock", lambda ld, st: ld.root / "lock" / "sources.json")
+    monkeypatch.setattr(locking, "pin_sources", lambda ld, st: list(lockmod.read(ld.root).values()))
+    sources = p.root / "lock" / "sources.json"
+    before = (sources.read_bytes(), sources.stat().st_ino, sources.stat().st_mtime_ns)
     assert p.run("lock") == 2
     err = capsys.readouterr().err
     first = err.splitlines()[0]
@@ -68,6 +71,8 @@ def test_torch_the_pin_excludes_is_refused_in_one_line_before_uv_runs(
     assert '[toolchain] torch = "2.11.0"' in first and "requires torch==2.13.0" in first
     assert 'set torch = "2.13.0"' in first
     assert not (p.root / "lock" / "pylock.toml").exists()
+    # exit 2 means nothing was written: lock/sources.json is the same file, untouched
+    assert (sources.read_bytes(), sources.stat().st_ino, sources.stat().st_mtime_ns) == before
 
 
 def test_torch_the_pin_allows_by_a_range_is_accepted(
@@ -284,7 +289,7 @@ def test_a_requirement_with_no_wheel_is_not_locked_from_source(
         info = tarfile.TarInfo("onlysource-1.0/PKG-INFO")
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
-    monkeypatch.setattr(locking, "relock", lambda ld, st: ld.root / "lock" / "sources.json")
+    monkeypatch.setattr(locking, "pin_sources", lambda ld, st: list(lockmod.read(ld.root).values()))
     assert p.run("lock") == 1
     err = capsys.readouterr().err
     assert "uv failed to lock the Python environment" in err and "onlysource" in err

@@ -22,7 +22,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qwen38build.cli import main
 from tests.conftest import ENVS, SERVER, Project
 from tests.engine_fixtures import add_pthfa_sources, make_project, make_wheel, write_patch
 

@@ -27,7 +27,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 def cmd_lock(args: argparse.Namespace) -> int:
     from qwen38build.pinning import pylock as envlock
-    from qwen38build.pinning.sources import check_lock, relock, relock_env
+    from qwen38build.pinning.sources import check_lock, lock_all
 
     loaded = stages.load_recipe(args)
     if args.check:
@@ -35,9 +35,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
         env = envlock.check(loaded)
         print(f"lock is current for {loaded.path.name} (sources and {env.name})")
         return ExitCode.OK
-    store = stages.open_store(args)
-    path = relock(loaded, store)
-    env = relock_env(loaded, store)  # refuses a torch the pin excludes, before uv runs
+    path, env = lock_all(loaded, stages.open_store(args))
     print(f"wrote {path}\nwrote {env}")
     return ExitCode.OK
 

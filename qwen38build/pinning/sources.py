@@ -31,6 +31,21 @@ def check_lock(loaded: LoadedRecipe) -> None:
 def relock(loaded: LoadedRecipe, store: Store) -> Path:
     """Fetch the pinned wheel and the toolchain's through pip and write lock/ with each
     one's sha256 and size."""
+    return lockmod.write(loaded.root, pin_sources(loaded, store))
+
+
+def lock_all(loaded: LoadedRecipe, store: Store) -> tuple[Path, Path]:
+    """``lock``: pin the sources and lock the environment, then write both, so a refusal
+    of either (a torch the pin excludes, an index that fails) leaves lock/ as it was."""
+    entries = pin_sources(loaded, store)
+    entry = locked_vllm(loaded, {e.name: e for e in entries})
+    env = pylock.compute(loaded, entry, wheel_in_store(loaded, store, entry))
+    return lockmod.write(loaded.root, entries), pylock.write(loaded.root, env)
+
+
+def pin_sources(loaded: LoadedRecipe, store: Store) -> list[lockmod.LockedWheel]:
+    """The recipe's sources fetched through pip into the store, each pinned by sha256 and
+    size (the vLLM wheel first); nothing of lock/ is written."""
     pin = loaded.recipe.vllm
     toolchain.require_supported(loaded)  # refuse before fetching anything
     with tempfile.TemporaryDirectory(prefix="q38-lock.") as tmp:
@@ -51,7 +66,7 @@ def relock(loaded: LoadedRecipe, store: Store) -> Path:
         folders = [Path(tmp), *(p for p in Path(tmp).iterdir() if p.is_dir())]
         realise([fetch_step(loaded, e) for e in (entry, *tools)], store, Reporter(quiet=True),
                 source_dirs=folders)
-    return lockmod.write(loaded.root, [entry, *tools])
+    return [entry, *tools]
 
 
 def relock_env(loaded: LoadedRecipe, store: Store) -> Path:
