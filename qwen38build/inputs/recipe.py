@@ -147,13 +147,27 @@ class Toolchain(_Model):
     cuda: CudaSeries
 
 
+class Waiver(_Model):
+    """One lint finding let through on the record: the ``rule`` it breaks, the ``patch``
+    (topic) it is in, optionally a text its message ``contains`` (to name one finding of
+    several), and the ``reason``. Printed on every build and kept in the build record; a
+    waiver that matches no finding is itself a finding."""
+
+    rule: Literal["headers", "series", "env-knobs", "diff-hygiene", "provenance"]
+    patch: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")]
+    contains: str = ""
+    reason: Annotated[str, Field(min_length=10)]
+
+
 class Lint(_Model):
     """The lint's configuration: ``env_allow`` names other programs' environment variables
-    a patch may read without registering them in envs.py (short and explicit, no prefixes)."""
+    a patch may read without registering them in envs.py (short and explicit, no prefixes);
+    ``waivers`` let named findings through, each with its reason."""
 
     env_allow: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = Field(
         default_factory=list
     )
+    waivers: list[Waiver] = Field(default_factory=list)
 
 
 class Environment(_Model):

@@ -44,10 +44,12 @@ from pydantic import ValidationError
 from qwen38build.errors import PatchFileError, RecipeError
 from qwen38build.inputs import recipe as recipe_mod
 from qwen38build.inputs.recipe import LoadedRecipe, SeriesEntry
+from qwen38build.lint import waivers
 from qwen38build.lint.envknobs import env_knobs, read_pristine_knobs, registered_knobs
 from qwen38build.lint.finding import Context, Finding
 from qwen38build.lint.hygiene import hygiene
 from qwen38build.lint.provenance import HEX_RE, provenance
+from qwen38build.lint.waivers import Waived
 from qwen38build.series import knobs, lineage
 from qwen38build.series.patchfile import KINDS, REQUIRED_HEADERS, PatchFile
 
@@ -62,16 +64,34 @@ def check(
     pristine_envs: Path | None = None,
     knob_registry: str = KNOB_REGISTRY,
 ) -> list[Finding]:
-    """Run every rule; the findings come series first, then patch by patch, then provenance.
+    """The findings no waiver covers (see :func:`check_waived`)."""
+    return check_waived(loaded, pristine_knobs=pristine_knobs, pristine_envs=pristine_envs,
+                        knob_registry=knob_registry)[0]
+
+
+def check_waived(
+    loaded: LoadedRecipe,
+    *,
+    pristine_knobs: frozenset[str] | None = None,
+    pristine_envs: Path | None = None,
+    knob_registry: str = KNOB_REGISTRY,
+    rules: tuple[str, ...] = RULES,
+) -> tuple[list[Finding], list[Waived]]:
+    """Run every rule; the findings come series first, then patch by patch, then provenance,
+    then the recipe's waivers that match nothing. Returns them with the waived ones.
+    ``rules`` narrows the run (a kernels-only build checks ``provenance`` alone; waivers of
+    other rules are then neither used nor reported).
 
     ``pristine_knobs`` are the knobs pristine vLLM registers (the build passes them, read
     from the pinned wheel); else they are read from ``pristine_envs`` (a wheel or an
     ``envs.py``) when given. With neither, only knobs the series registers count as
     registered, and each env-knob finding says that pristine envs.py was not read.
     """
+    ctx = Context(loaded)
+    if rules == ("provenance",):
+        return waivers.apply(ctx, list(provenance(ctx)), rules=rules)
     if pristine_knobs is None and pristine_envs is not None:
         pristine_knobs = read_pristine_knobs(pristine_envs)
-    ctx = Context(loaded)
     findings = list(_series(ctx))
     patches: list[tuple[SeriesEntry, PatchFile]] = []
     for entry in loaded.series_entries():
@@ -108,7 +128,7 @@ def check(
             ]
             findings.extend(sorted(per_patch, key=lambda f: f.line))
     findings.extend(provenance(ctx))
-    return findings
+    return waivers.apply(ctx, findings)
 
 
 def load_for_lint(path: Path) -> LoadedRecipe:

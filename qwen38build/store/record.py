@@ -22,8 +22,10 @@ RECORD_FORMAT = 2
 HASH_RE = re.compile(r"[0-9a-f]{8,64}")
 
 
-def write_build(store: Store, top: Step, outcomes: dict[str, Outcome], root_name: str) -> Path:
-    """Record ``top``'s closure under builds/<hash>.json and make it the root ``root_name``."""
+def write_build(store: Store, top: Step, outcomes: dict[str, Outcome], root_name: str,
+                waived: list[str] | None = None) -> Path:
+    """Record ``top``'s closure under builds/<hash>.json and make it the root ``root_name``;
+    ``waived`` lists the lint findings the recipe's waivers let through, with the reasons."""
     from qwen38build.engine.step import closure
 
     steps = []
@@ -43,7 +45,8 @@ def write_build(store: Store, top: Step, outcomes: dict[str, Outcome], root_name
             if store.source(sha) is None:
                 store.add_source(path)
     path = store.builds / f"{top.digest}.json"
-    store.write_json(path, {"format": RECORD_FORMAT, "build": top.digest, "steps": steps})
+    store.write_json(path, {"format": RECORD_FORMAT, "build": top.digest, "steps": steps,
+                            "waived": list(waived or [])})
     store.write_json(store.roots / f"{_safe(root_name)}.json", {"build": top.digest})
     return path
 
