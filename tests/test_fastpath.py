@@ -54,6 +54,9 @@ def test_every_file_the_build_read_is_in_the_key(project: Project) -> None:
     assert {"recipe.toml", "lock/sources.json", "patches/route-fix.patch", "patches/knob.patch",
             "pthfa/PIN", "pthfa/MANIFEST"} <= set(files)
     assert all(not f.startswith(("qwen38build/", ".venv/")) for f in files)
+    # a name opened inside a temporary tree (shutil.rmtree opens by dir_fd) is not a read
+    # of the project: every file in the key is the project's, or one it looked for
+    assert [f for f in files if not (project.root / f).exists()] == ["pthfa/.gitignore"]
     for rel in files:
         _edited_misses(project.root, project.store, rel)
 
@@ -104,5 +107,10 @@ def test_real_project_every_read_file_misses(tmp_path: Path) -> None:
     assert isinstance(files, list)
     assert {"pthfa/csrc/decode.cu", "pthfa/MANIFEST", "pthfa/PIN", "lock/pylock.toml",
             "lock/pylock.inputs.json", "patches/speed-knobs-envs.patch"} <= set(files)
+    # the vLLM tree the lint patches in a temporary folder is not the project (shutil.rmtree
+    # opens its folders by dir_fd, and the audit event does not say so)
+    strays = [f for f in files if not (root / f).exists()
+              and f.split("/")[0] not in ("fa2", "pthfa", "kvarn")]
+    assert strays == []
     for rel in files:
         _edited_misses(root, store, rel)

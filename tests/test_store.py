@@ -143,7 +143,7 @@ def test_reproduce_refuses_a_record_from_other_code_honestly(
     from qwen38build.engine import reproduce
 
     # the patch kind's code changed since the build: its implementation hash is another
-    monkeypatch.setattr(reproduce, "kind_version",
+    monkeypatch.setattr(reproduce, "implementation",
                         lambda kind: "0" * 64 if kind == "patch" else kind_version(kind))
     assert project.run("reproduce", build[:12]) == 1
     out = capsys.readouterr().out

@@ -36,7 +36,13 @@ class Collector:
             path = os.fsdecode(path)
         if not isinstance(path, str | os.PathLike):
             return None  # a file descriptor: already covered when it was opened
-        real = os.path.realpath(os.fspath(path))
+        path = os.fspath(path)
+        if not os.path.isabs(path) and not os.path.lexists(path):
+            # The audit event does not carry ``dir_fd``: a relative name that is not there
+            # from the working folder was opened inside another folder (shutil.rmtree walks
+            # a temporary tree so), not read from the project.
+            return None
+        real = os.path.realpath(path)
         if not real.startswith(self.root + os.sep) or real.startswith(self.exclude):
             return None
         if f"{os.sep}__pycache__{os.sep}" in real:
