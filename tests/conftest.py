@@ -1,7 +1,15 @@
-"""Shared fixtures: a tiny real project (wheel, recipe, lock, series) and its store."""
+"""Shared fixtures: a tiny real project (wheel, recipe, lock, series) and its store.
+
+The suite never touches the user's store, HOME or caches: before any test runs, ``HOME`` is
+a fresh folder, and the store the end-to-end tests share (the real vLLM wheel, downloaded
+once) and pip's and uv's caches live under the checkout's ``.cache/`` (ignored by git).
+Every other test makes its own store.
+"""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +17,16 @@ from pathlib import Path
 import pytest
 
 from tests.engine_fixtures import FILES, make_project, make_wheel, write_patch
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = REPO / ".cache"
+os.environ["HOME"] = tempfile.mkdtemp(prefix="q38-test-home.")
+os.environ["QWEN38BUILD_STORE"] = str(CACHE / "test-store")
+os.environ["PIP_CACHE_DIR"] = str(CACHE / "pip")
+os.environ["UV_CACHE_DIR"] = str(CACHE / "uv")
+os.environ.pop("XDG_CACHE_HOME", None)
+os.environ.pop("XDG_CONFIG_HOME", None)
+
 
 
 @dataclass

@@ -667,8 +667,7 @@ def find_wheel() -> Path | None:
     """The pinned vLLM wheel, where a test run or the build left one."""
     candidates = [
         Path(os.environ.get("QWEN38_VLLM_WHEEL", "/nonexistent")),
-        Path.home() / ".cache" / "qwen38build" / "test-wheels" / WHEEL,
-        Path("/tmp/wh") / WHEEL,
+        *Path(os.environ["QWEN38BUILD_STORE"], "objects").glob(f"*/{WHEEL}"),
     ]
     return next((c for c in candidates if c.is_file()), None)
 
