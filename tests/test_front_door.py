@@ -103,20 +103,20 @@ def launcher(tmp_path: Path) -> ModuleType:
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
-    (module.VENV / "bin").mkdir(parents=True)
-    (module.VENV / "bin" / "python").write_text("")
+    Path(module.PYTHON).parent.mkdir(parents=True)
+    Path(module.PYTHON).write_text("")
     return module
 
 
 def test_the_pin_is_pyprojects_test_extra(launcher: ModuleType) -> None:
     pins = re.findall(r'"(nox==[^"]+)"', (REPO / "pyproject.toml").read_text())
-    assert [launcher.nox_pin(launcher.ROOT / "pyproject.toml")] == pins
+    assert [launcher.nox_pin(os.path.join(launcher.ROOT, "pyproject.toml"))] == pins
 
 
 def test_the_venv_is_reused_until_the_pin_or_the_interpreter_changes(
     launcher: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pyproject = launcher.ROOT / "pyproject.toml"
+    pyproject = Path(launcher.ROOT, "pyproject.toml")
     pin = launcher.nox_pin(pyproject)
     assert not launcher.ready(pyproject)  # no stamp: made
     launcher.write_stamp({"nox": pin, "pyproject": launcher.pyproject_key(pyproject),
@@ -135,7 +135,7 @@ def test_the_venv_is_reused_until_the_pin_or_the_interpreter_changes(
     monkeypatch.setattr(launcher.sys, "executable", "/elsewhere/python3")
     assert not launcher.ready(pyproject)
     monkeypatch.undo()
-    (launcher.VENV / "bin" / "python").unlink()  # a venv whose python is gone
+    Path(launcher.PYTHON).unlink()  # a venv whose python is gone
     assert not launcher.ready(pyproject)
 
 
