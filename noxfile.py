@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sysconfig
@@ -107,16 +108,27 @@ def has_gpu_stack(python: str) -> bool:
         return False
 
 
-def inherit_site_packages(python: str) -> None:
-    """Let the session venv see the site-packages of the interpreter running nox.
+def _site_paths(python: str, *names: str) -> list[str]:
+    code = f"import sysconfig; print(*(sysconfig.get_path(n) for n in {names!r}), sep='\\n')"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
 
-    ``--system-site-packages`` reaches the base Python's; when nox itself runs in a venv
-    (a GPU image that installs torch into one), that venv's packages are added by a
-    ``.pth`` file. Only read by this venv; nothing of the interpreter's is changed.
+
+def inherit_site_packages(python: str) -> None:
+    """Let the session venv see the site-packages of the Python the user ran.
+
+    That is the one that ran ``./noxw`` (it says so in ``$NOXW_PYTHON``; nox itself then runs
+    in the launcher's own venv), else the interpreter running nox. ``--system-site-packages``
+    reaches the base Python's; when that Python is a venv's (a GPU image that installs torch
+    into one), the venv's packages are added by a ``.pth`` file. Only read by this venv;
+    nothing of the interpreter's is changed.
     """
-    own = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    user = os.environ.get("NOXW_PYTHON")
+    if user:
+        own = set(_site_paths(user, "purelib", "platlib"))
+    else:
+        own = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    site = _site_paths(python, "purelib")[0]
     # an "import" line of a .pth runs: addsitedir also reads the outer venv's own .pth files
     lines = [f"import site; site.addsitedir({p!r})\n" for p in sorted(own)]
     Path(site, "_qwen38build_outer_site.pth").write_text("".join(lines))
@@ -157,8 +169,8 @@ def gpu_tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff, mypy --strict, the ledger rules and the generated table."""
     _tool(session, "test", "lint", "patches-test")
-    session.run("ruff", "check", "qwen38build", "tests", "noxfile.py", "bench")
-    session.run("mypy", "qwen38build", "tests")
+    session.run("ruff", "check", "qwen38build", "tests", "noxfile.py", "noxw", "bench")
+    session.run("mypy", "qwen38build", "tests", "noxw")
     session.run("qwen38build", "lint")
     session.run("qwen38build", "table", "--check")
 

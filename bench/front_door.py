@@ -1,15 +1,18 @@
-"""Benchmark: the front door, ``nox -s build`` when nothing changed, online and offline.
+"""Benchmark: the front door, ``./noxw -s build`` when nothing changed, online and offline.
 
     .venv/bin/python bench/front_door.py [--runs 5] [--json]
 
-What the user types is ``nox -s build``; its second run must be a no-op end to end (nox's
-own start, the session's venv reused, no install, the tool's no-op). Measured in this
-checkout with nox from the running interpreter, after one warm-up run that may install:
+What the user types is ``./noxw -s build``; its second run must be a no-op end to end (the
+launcher's venv reused, nox's own start, the session's venv reused, no install, the tool's
+no-op). Measured in this checkout with the running interpreter, after one warm-up run that
+may install:
 
   floor       ``python -c pass`` (the interpreter nox runs on)
   tool        ``.nox/build/bin/qwen38build build`` (the fast path alone)
-  nox         ``python -m nox -s build`` again
-  offline     the same inside a new network namespace (``unshare -n``: no network at all),
+  nox         ``.nox/.noxw/bin/python -m nox -s build`` again (nox alone, from the venv
+              the launcher made)
+  noxw        ``python noxw -s build`` again (the launcher, which then runs that nox)
+  offline     ``noxw`` inside a new network namespace (``unshare -n``: no network at all),
               when this machine lets us make one; reported as skipped otherwise
 
 Prints medians of ``--runs`` runs and each as a ratio to the floor.
@@ -53,15 +56,17 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    nox = [sys.executable, "-m", "nox", "-s", "build"]
-    timed(nox)  # warm-up: may create the venv and install; not measured
+    noxw = [sys.executable, str(REPO / "noxw"), "-s", "build"]
+    nox = [str(REPO / ".nox" / ".noxw" / "bin" / "python"), "-m", "nox", "-s", "build"]
+    timed(noxw)  # warm-up: may create the venvs and install; not measured
     rows = {
         "floor": median([sys.executable, "-c", "pass"], args.runs),
         "tool": median([str(REPO / ".nox" / "build" / "bin" / "qwen38build"), "build"],
                        args.runs),
         "nox": median(nox, args.runs),
+        "noxw": median(noxw, args.runs),
     }
-    rows["offline"] = median(["unshare", "-n", *nox], args.runs) if can_unshare() else None
+    rows["offline"] = median(["unshare", "-n", *noxw], args.runs) if can_unshare() else None
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

@@ -84,10 +84,11 @@ def test_gpu_session_skips_with_its_reason_where_there_is_no_gpu(tmp_path: Path)
 
 
 def test_a_venv_made_from_a_venv_sees_the_outer_venvs_packages(
-    noxfile: ModuleType, tmp_path: Path
+    noxfile: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """nox under a venv's Python (a GPU image's torch venv): the session venv's
     --system-site-packages reaches the base Python only; the .pth adds the outer venv's."""
+    monkeypatch.delenv("NOXW_PYTHON", raising=False)  # nox run directly, not by ./noxw
     inner = tmp_path / "session"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
                     str(inner)], check=True)
@@ -97,5 +98,28 @@ def test_a_venv_made_from_a_venv_sees_the_outer_venvs_packages(
     if sys.prefix == sys.base_prefix:
         pytest.skip("the tests run on a base interpreter: nothing to inherit")
     assert subprocess.run(probe, capture_output=True, check=False, cwd=tmp_path).returncode != 0
+    noxfile.inherit_site_packages(py)
+    assert subprocess.run(probe, capture_output=True, check=False, cwd=tmp_path).returncode == 0
+
+
+def test_through_noxw_the_session_sees_the_users_pythons_packages(
+    noxfile: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """./noxw runs nox from its own venv and names the Python the user ran in
+    $NOXW_PYTHON: that one's packages (a torch venv's) are the ones the session gets, not
+    the launcher venv's."""
+    user = tmp_path / "user-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(user)], check=True)
+    user_py = str(user / "bin" / "python")
+    purelib = subprocess.run([user_py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "q38_users_package.py").write_text("")
+    inner = tmp_path / "session"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
+                    str(inner)], check=True)
+    py = str(inner / "bin" / "python")
+    probe = [py, "-I", "-c", "import q38_users_package"]
+    assert subprocess.run(probe, capture_output=True, check=False, cwd=tmp_path).returncode != 0
+    monkeypatch.setenv("NOXW_PYTHON", user_py)
     noxfile.inherit_site_packages(py)
     assert subprocess.run(probe, capture_output=True, check=False, cwd=tmp_path).returncode == 0
