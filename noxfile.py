@@ -171,7 +171,11 @@ def lint(session: nox.Session) -> None:
     _tool(session, "test", "lint", "patches-test")
     session.run("ruff", "check", "qwen38build", "tests", "noxfile.py", "noxw", "bench")
     session.run("mypy", "qwen38build", "tests", "noxw")
-    session.run("qwen38build", "lint")
+    # The env-knob rule reads the pinned wheel's envs.py: fetched once into the store the
+    # tests use too (the checkout's .cache/store), by building the series.
+    store = ("--store", str(HERE / ".cache" / "store"))
+    session.run("qwen38build", *store, "build", "--only", "vllm", "--no-link", "-q")
+    session.run("qwen38build", *store, "lint")
     session.run("qwen38build", "table", "--check")
 
 
@@ -185,7 +189,7 @@ def lock(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The test suite (GPU tests skip here), with a coverage figure."""
-    _tool(session, "test", "patches-test")
+    _tool(session, "test", "patches-test", "patches-torch")
     session.run(
         "pytest", "-m", "not gpu", "--cov=qwen38build", "--cov-report=term:skip-covered",
         *session.posargs,

@@ -21,7 +21,7 @@ from tests.engine_fixtures import FILES, make_project, make_wheel, write_patch
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache"
 os.environ["HOME"] = tempfile.mkdtemp(prefix="q38-test-home.")
-os.environ["QWEN38BUILD_STORE"] = str(CACHE / "test-store")
+os.environ["QWEN38BUILD_STORE"] = str(CACHE / "store")  # the lint session's too
 os.environ["PIP_CACHE_DIR"] = str(CACHE / "pip")
 os.environ["UV_CACHE_DIR"] = str(CACHE / "uv")
 os.environ.pop("XDG_CACHE_HOME", None)
