@@ -60,6 +60,7 @@ EXTRA_MEMBERS: list[str] = [
     "model_executor/layers/quantization/utils/marlin_utils_fp8.py",
     "model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe/"
     "compressed_tensors_moe.py",
+    "v1/core/kv_cache_coordinator.py",
 ]
 
 
