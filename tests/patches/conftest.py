@@ -61,6 +61,9 @@ EXTRA_MEMBERS: list[str] = [
     "model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe/"
     "compressed_tensors_moe.py",
     "v1/core/kv_cache_coordinator.py",
+    "utils/b12x.py",
+    "model_executor/layers/quantization/modelopt.py",
+    "model_executor/layers/quantization/modelopt_block_quant.py",
 ]
 
 
