@@ -136,7 +136,7 @@ def _check_schema(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     message = str(exc.value)
     assert "int size_n, int size_m" in message and "int size_m, int size_n" in message
     _tune_dir(tmp_path, EMPTY, monkeypatch)
-    with pytest.raises(ValueError, match="registered no torch.ops._marlin_tune.marlin_gemm"):
+    with pytest.raises(ValueError, match=r"registered no torch\.ops\._marlin_tune\.marlin_gemm"):
         _gemm(tree)()
     _forget_extension()
 

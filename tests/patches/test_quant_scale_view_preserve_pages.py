@@ -64,7 +64,7 @@ def _kv_cache(nhd: bool = False) -> tuple[Any, Any]:
 def _offset(logical: Any, block: int, head: int, slot: int, byte: int) -> int:
     """Byte offset in the raw buffer of content byte ``byte`` of (block, head, slot)."""
     s = logical.stride()
-    return block * s[0] + head * s[1] + slot * s[2] + byte
+    return int(block * s[0] + head * s[1] + slot * s[2] + byte)
 
 
 def _check_no_write(tree: Path) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -41,9 +41,9 @@ class VocabParallelEmbedding:
     """The embedding as vLLM builds it, up to its quant method: the quant config's
     method for the layer's prefix, or None (unquantized)."""
 
-    calls: dict[str, dict[str, Any]] = {}
-    current: list[str] = []
-    lazy: dict[str, Any] = {}
+    calls: ClassVar[dict[str, dict[str, Any]]] = {}
+    current: ClassVar[list[str]] = []
+    lazy: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, num_embeddings: int, embedding_dim: int, params_dtype: Any = None,
                  org_num_embeddings: Any = None, padding_size: int = 64,
