@@ -54,6 +54,16 @@ EXTRA_MEMBERS: list[str] = [
     "v1/worker/mamba_utils.py",
     "model_executor/layers/mamba/mamba_utils.py",
     "v1/attention/backends/utils.py",
+    "model_executor/layers/fused_moe/config.py",
+    "model_executor/layers/fused_moe/layer.py",
+    "model_executor/layers/fused_moe/experts/marlin_moe.py",
+    "model_executor/layers/quantization/utils/marlin_utils_fp8.py",
+    "model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe/"
+    "compressed_tensors_moe.py",
+    "v1/core/kv_cache_coordinator.py",
+    "utils/b12x.py",
+    "model_executor/layers/quantization/modelopt.py",
+    "model_executor/layers/quantization/modelopt_block_quant.py",
 ]
 
 

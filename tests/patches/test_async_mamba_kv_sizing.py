@@ -32,7 +32,9 @@ PROMPT = 40
 def _config(max_concurrent_batches: int, max_model_len: int = 1024) -> Any:
     return SimpleNamespace(
         max_concurrent_batches=max_concurrent_batches,
-        cache_config=SimpleNamespace(mamba_cache_mode="align"),
+        # Without prefix caching no state is kept to the request's end
+        # (mamba-align-checkpoint-order): this row's count alone.
+        cache_config=SimpleNamespace(mamba_cache_mode="align", enable_prefix_caching=False),
         model_config=SimpleNamespace(max_model_len=max_model_len),
         parallel_config=SimpleNamespace(decode_context_parallel_size=1),
     )

@@ -3,7 +3,11 @@ GEMM of the tunable extension built in that directory; unset (the default), vLLM
 kernel. Runs vLLM's own _marlin_gemm (marlin_utils.py) on CPU torch, the knob read
 through vLLM's own envs.py. The kernels stand in as CPU ops registered with
 torch.library: _C::marlin_gemm (vLLM's) and, imported from the directory as the built
-extension would be, _marlin_tune::marlin_gemm."""
+extension would be, _marlin_tune::marlin_gemm.
+
+An extension whose op has another schema than vLLM's (size_m and size_n swapped: the
+positional call gives a transposed (32, 3) result) is refused with one message naming both
+schemas, and one that registers nothing with one message naming the module."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import importlib.machinery
 import importlib.util
 import logging
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,7 +49,22 @@ if not hasattr(torch.ops._marlin_tune, "marlin_gemm"):
     _lib.impl("marlin_gemm", _gemm, "CPU")
 '''
 
+# An extension built against another signature: size_n before size_m.
+SWAPPED = EXTENSION.replace("int size_m, int size_n", "int size_n, int size_m").replace(
+    "size_m, size_n, size_k, use_atomic_add", "size_n, size_m, size_k, use_atomic_add")
+# An extension whose import registers nothing.
+EMPTY = "import torch\n"
+
 _LIBS: list[Any] = []
+
+
+def _forget_extension() -> None:
+    """Drop an extension a previous check imported, and what it registered (a process
+    imports one; the checks import several)."""
+    module = sys.modules.pop("marlin_tune", None)
+    lib = getattr(module, "_lib", None)
+    if lib is not None:
+        lib._destroy()
 
 
 def _register_vllm_kernel() -> None:
@@ -66,7 +86,7 @@ def _gemm(tree: Path) -> Callable[[], Any]:
     """vLLM's _marlin_gemm with the kernel choice the tree makes."""
     path = tree / "model_executor/layers/quantization/utils/marlin_utils.py"
     ns: dict[str, Any] = {
-        "torch": torch, "envs": load_envs(tree), "os": os, "functools": functools,
+        "torch": torch, "envs": load_envs(tree), "os": os, "sys": sys, "functools": functools,
         "importlib": importlib, "Callable": Callable,
         "logger": logging.getLogger("test.marlin_tune"),
         "get_marlin_workspace": lambda device: None,
@@ -89,16 +109,36 @@ def _gemm(tree: Path) -> Callable[[], Any]:
     return run
 
 
+def _tune_dir(tmp_path: Path, source: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    _forget_extension()
+    tune_dir = tmp_path / f"marlin-tune-{abs(hash(source))}"
+    tune_dir.mkdir(exist_ok=True)
+    (tune_dir / "marlin_tune.py").write_text(source)
+    monkeypatch.setenv("VLLM_MARLIN_TUNE_DIR", str(tune_dir))
+    return tune_dir
+
+
 def _check(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _register_vllm_kernel()
     monkeypatch.delenv("VLLM_MARLIN_TUNE_DIR", raising=False)
     assert torch.equal(_gemm(tree)(), torch.zeros((3, 32), dtype=torch.float16))
-    tune_dir = tmp_path / "marlin-tune"
-    tune_dir.mkdir(exist_ok=True)
-    (tune_dir / "marlin_tune.py").write_text(EXTENSION)
-    monkeypatch.setenv("VLLM_MARLIN_TUNE_DIR", str(tune_dir))
+    _tune_dir(tmp_path, EXTENSION, monkeypatch)
     out = _gemm(tree)()
     assert torch.equal(out, torch.full((3, 32), 7.0, dtype=torch.float16)), out
+
+
+def _check_schema(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _register_vllm_kernel()
+    _tune_dir(tmp_path, SWAPPED, monkeypatch)
+    with pytest.raises(ValueError, match="VLLM_MARLIN_TUNE_DIR") as exc:
+        _gemm(tree)()
+    # Both schemas are in the message, so the mismatch can be read off it.
+    message = str(exc.value)
+    assert "int size_n, int size_m" in message and "int size_m, int size_n" in message
+    _tune_dir(tmp_path, EMPTY, monkeypatch)
+    with pytest.raises(ValueError, match=r"registered no torch\.ops\._marlin_tune\.marlin_gemm"):
+        _gemm(tree)()
+    _forget_extension()
 
 
 def _check_errors(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,6 +159,11 @@ def test_patched_names_a_bad_tune_dir(patched_vllm: Path, tmp_path: Path,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     _register_vllm_kernel()
     _check_errors(patched_vllm, tmp_path, monkeypatch)
+
+
+def test_patched_refuses_a_foreign_schema(patched_vllm: Path, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    _check_schema(patched_vllm, tmp_path, monkeypatch)
 
 
 def test_pristine_ignores_tune_dir(pristine_vllm: Path, tmp_path: Path,

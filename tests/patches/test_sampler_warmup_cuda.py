@@ -1,5 +1,7 @@
-"""sampler-warmup-cuda: the V2 model runner registers the top-k/top-p sampler kernels'
-JIT warmups on CUDA too (not on ROCm only), inside the runner's warmup registry.
+"""sampler-warmup-cuda: with VLLM_SAMPLER_WARMUP_CUDA=1 the V2 model runner registers the
+top-k/top-p sampler kernels' JIT warmups on CUDA too (not on ROCm only), inside the runner's
+warmup registry; unset, CUDA registers none, as upstream. The knob is registered in envs.py
+and read through it (vLLM's own envs.py is loaded).
 
 Runs vLLM's own GPUModelRunner.load_model (v1/worker/gpu/model_runner.py, an already
 built model handed in) up to the sampler's construction, with vLLM's own
@@ -19,7 +21,9 @@ import pytest
 from ._helpers import (
     LooseAutoStub,
     assert_pristine_lacks,
+    envs_stubs_active,
     exec_function,
+    load_envs,
     load_with_auto_stubs,
     make_module,
     once_logger_module,
@@ -63,8 +67,14 @@ def _platform(kind: str) -> SimpleNamespace:
                            is_cpu=lambda: kind == "cpu")
 
 
-def _registered(tree: Path, kind: str) -> list[str]:
-    """The sampler kernels registered, in load_model's registry activation, on ``kind``."""
+def _registered(tree: Path, kind: str, monkeypatch: pytest.MonkeyPatch,
+                opt_in: str | None = None) -> list[str]:
+    """The sampler kernels registered, in load_model's registry activation, on ``kind``
+    with VLLM_SAMPLER_WARMUP_CUDA set to ``opt_in`` (None: unset)."""
+    if opt_in is None:
+        monkeypatch.delenv("VLLM_SAMPLER_WARMUP_CUDA", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_SAMPLER_WARMUP_CUDA", opt_in)
     events: list[str] = []
     platform = _platform(kind)
     platforms = LooseAutoStub("vllm.platforms")
@@ -75,6 +85,7 @@ def _registered(tree: Path, kind: str) -> list[str]:
 
     runner_mod = load_with_auto_stubs(tree / "v1/worker/gpu/model_runner.py", {
         "vllm.platforms": platforms,
+        "vllm.envs": load_envs(tree),
         "vllm.logger": once_logger_module(),
         "vllm.v1.worker.gpu.sample.sampler": make_module(
             "vllm.v1.worker.gpu.sample.sampler", Sampler=sampler),
@@ -118,16 +129,50 @@ def _registered(tree: Path, kind: str) -> list[str]:
     return active
 
 
-def _check(tree: Path) -> None:
-    assert _registered(tree, "cuda") == list(KERNELS)
-    assert _registered(tree, "rocm") == list(KERNELS)  # as before
-    assert _registered(tree, "cpu") == []
+def _check(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Opted in: CUDA registers the four kernels.
+    assert _registered(tree, "cuda", monkeypatch, "1") == list(KERNELS)
 
 
-def test_patched_registers_sampler_warmups_on_cuda(patched_vllm: Path) -> None:
-    _check(patched_vllm)
+def _check_default(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Unset or 0: CUDA registers none, as upstream.
+    assert _registered(tree, "cuda", monkeypatch) == []
+    assert _registered(tree, "cuda", monkeypatch, "0") == []
+    # ROCm registers them either way, as before; a CPU never does.
+    assert _registered(tree, "rocm", monkeypatch) == list(KERNELS)
+    assert _registered(tree, "rocm", monkeypatch, "1") == list(KERNELS)
+    assert _registered(tree, "cpu", monkeypatch, "1") == []
 
 
-def test_pristine_registers_on_rocm_only(pristine_vllm: Path) -> None:
-    assert _registered(pristine_vllm, "rocm") == list(KERNELS)
-    assert_pristine_lacks(lambda: _check(pristine_vllm))
+def _check_registered(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    envs = load_envs(tree)
+    assert "VLLM_SAMPLER_WARMUP_CUDA" in envs.environment_variables
+    monkeypatch.delenv("VLLM_SAMPLER_WARMUP_CUDA", raising=False)
+    assert envs.VLLM_SAMPLER_WARMUP_CUDA is False
+    with envs_stubs_active(envs):
+        base = envs.compile_factors()
+        monkeypatch.setenv("VLLM_SAMPLER_WARMUP_CUDA", "1")
+        assert envs.VLLM_SAMPLER_WARMUP_CUDA is True
+        # Which kernels compile at boot is no part of a traced graph.
+        assert envs.compile_factors() == base
+
+
+def test_patched_registers_sampler_warmups_on_cuda_opted_in(
+        patched_vllm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _check(patched_vllm, monkeypatch)
+
+
+def test_patched_cuda_registers_none_by_default(patched_vllm: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    _check_default(patched_vllm, monkeypatch)
+
+
+def test_patched_registers_knob(patched_vllm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _check_registered(patched_vllm, monkeypatch)
+
+
+def test_pristine_registers_on_rocm_only(pristine_vllm: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _registered(pristine_vllm, "rocm", monkeypatch) == list(KERNELS)
+    assert _registered(pristine_vllm, "cuda", monkeypatch) == []
+    assert_pristine_lacks(lambda: _check(pristine_vllm, monkeypatch))
