@@ -54,6 +54,9 @@ EXTRA_MEMBERS: list[str] = [
     "v1/worker/mamba_utils.py",
     "model_executor/layers/mamba/mamba_utils.py",
     "v1/attention/backends/utils.py",
+    "model_executor/layers/logits_processor.py",
+    "model_executor/models/interfaces.py",
+    "v1/worker/gpu/spec_decode/eagle/utils.py",
 ]
 
 
