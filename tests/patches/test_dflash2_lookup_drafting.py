@@ -123,12 +123,16 @@ def _lookup_module(tree: Path) -> Any:
     }, package=f"{SPEC}.dflash2")
 
 
-def _speculator_modules(tree: Path) -> tuple[Any, Any, Any]:
+def _speculator_modules(tree: Path,
+                        extra: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
+    """(lookup.py, dflash/speculator.py, dflash2/speculator.py) of ``tree``; ``extra``
+    adds module overrides (later rows' modules)."""
     lookup = _lookup_module(tree)
     triton_utils = _triton_utils()
     base = make_module(f"{SPEC}.speculator", DraftModelSpeculator=DraftModelSpeculator)
     common = {
         "vllm.logger": once_logger_module(),
+        "vllm.envs": load_envs(tree),
         "vllm.triton_utils": triton_utils,
         "vllm.config": make_module("vllm.config", VllmConfig=object,
                                    replace=lambda obj, **kw: obj),
@@ -138,6 +142,10 @@ def _speculator_modules(tree: Path) -> tuple[Any, Any, Any]:
                                      get_parallel_drafting_token_id=lambda cfg: 0),
         "vllm.utils.platform_utils": make_module("vllm.utils.platform_utils",
                                                  is_pin_memory_available=lambda: False),
+        # Shared by both speculator modules, so their annotations are the same objects.
+        "vllm.v1.worker.gpu.dp_utils": LooseAutoStub("vllm.v1.worker.gpu.dp_utils"),
+        "vllm.v1.worker.gpu.input_batch": LooseAutoStub("vllm.v1.worker.gpu.input_batch"),
+        **(extra or {}),
     }
     dflash = load_with_auto_stubs(tree / "v1/worker/gpu/spec_decode/dflash/speculator.py",
                                   common, package=f"{SPEC}.dflash", loose=True)
