@@ -498,6 +498,26 @@ def test_patched_emitted_count(patched_vllm: Path, monkeypatch: pytest.MonkeyPat
     _check_emitted_count(patched_vllm, monkeypatch)
 
 
+def test_patched_short_match_fills_tail(patched_vllm: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lookup searches from min(NMIN, NMIN_TAIL): with the defaults (6, 4) a 5-token
+    repeat cannot replace the head, but fills the tail where the drafter fully agrees."""
+    _set_env(monkeypatch, LOOKUP="1", LOOKUP_ADAPTIVE="0")
+    repeat = [31, 32, 33, 34, 35]
+    run = list(range(40, 56))
+    history = [50, *repeat, *run, 60, *repeat]  # the 6-token suffix [60, ...] is new
+    spec = _speculator(patched_vllm, monkeypatch, _vllm_config(k=15, block_size=8),
+                       _request_states([history]))
+    batch = SimpleNamespace(num_reqs=1, idx_mapping=torch.tensor([0]),
+                            seq_lens_cpu_upper_bound=np.array([len(history)]))
+    spec.draft_tokens[0, :7] = torch.tensor(run[:7])  # the drafter agrees on its block
+    spec._apply_lookup(batch, torch.tensor([1], dtype=torch.int32))
+    assert spec.draft_tokens[0].tolist() == run[:15]
+    spec.draft_tokens[0, :7] = torch.tensor([1, 2, 3, 4, 5, 6, 7])  # it does not agree
+    spec._apply_lookup(batch, torch.tensor([1], dtype=torch.int32))
+    assert spec.draft_tokens[0].tolist() == [1, 2, 3, 4, 5, 6, 7] + [0] * 8
+
+
 def test_patched_async_scheduling_keeps_width(patched_vllm: Path,
                                               monkeypatch: pytest.MonkeyPatch,
                                               caplog: pytest.LogCaptureFixture) -> None:
