@@ -181,12 +181,22 @@ def test_patched_chain_gates(patched_vllm: Path, monkeypatch: pytest.MonkeyPatch
     _propose(spec)
     _propose(spec)
     assert len(recorder.calls) == 1
-    # A match shorter than MINMATCH is no evidence (the period-3 history matches 12).
-    spec, recorder = _build(patched_vllm, monkeypatch, CHAIN="1", CHAIN_MINMATCH="13",
-                            history=[5, 6, 7] * 10)
+    # A match shorter than MINMATCH is no evidence (the longest repeat here is 5 tokens).
+    repeat = [31, 32, 33, 34, 35]
+    history = [50, *repeat, *range(40, 56), 60, *repeat]
+    spec, recorder = _build(patched_vllm, monkeypatch, CHAIN="1", CHAIN_MINMATCH="6",
+                            history=history)
     _propose(spec)
     _propose(spec)
     assert len(recorder.calls) == 2
+    spec, recorder = _build(patched_vllm, monkeypatch, CHAIN="1", CHAIN_MINMATCH="5",
+                            history=history)
+    _propose(spec)
+    _propose(spec)
+    assert len(recorder.calls) == 1
+    # MINMATCH beyond what the lookup reports (NMAX) is refused.
+    with pytest.raises(ValueError, match="VLLM_DFLASH2_CHAIN_MINMATCH"):
+        _build(patched_vllm, monkeypatch, CHAIN="1", CHAIN_MINMATCH="13")
     # Chains off: every step drafts.
     spec, recorder = _build(patched_vllm, monkeypatch)
     _propose(spec)
