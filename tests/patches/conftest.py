@@ -64,6 +64,9 @@ EXTRA_MEMBERS: list[str] = [
     "utils/b12x.py",
     "model_executor/layers/quantization/modelopt.py",
     "model_executor/layers/quantization/modelopt_block_quant.py",
+    "model_executor/layers/logits_processor.py",
+    "model_executor/models/interfaces.py",
+    "v1/worker/gpu/spec_decode/eagle/utils.py",
 ]
 
 

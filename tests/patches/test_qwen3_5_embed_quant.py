@@ -146,7 +146,10 @@ def _embedding_calls(tree: Path, quant: Any) -> dict[str, dict[str, Any]]:
                                   rms_norm_eps=1e-6)
     vllm_config = SimpleNamespace(
         model_config=SimpleNamespace(hf_text_config=text_config,
-                                     hf_config=SimpleNamespace()),
+                                     hf_config=SimpleNamespace(),
+                                     # no local directory: no MTP draft-vocab head
+                                     # (qwen3_5-mtp-draft-vocab)
+                                     model="Qwen/Qwen3.5-hub-id"),
         parallel_config=SimpleNamespace(eplb_config=SimpleNamespace(num_redundant_experts=0)),
         quant_config=quant)
     current.append("model")
