@@ -814,6 +814,13 @@ def _(env: Env) -> list[str]:
     return ["kernels", "--arch", "8.6", "-q"]
 
 
+@case("kernels-out-a-file", "--out", "a file stands there")
+def _(env: Env) -> list[str]:
+    _pthfa(env)
+    (env.tmp / "out-file").write_text("x\n")
+    return ["kernels", "--arch", "8.6", "-q", "--out", str(env.tmp / "out-file")]
+
+
 @case("pthfa-package-fifo", "pipe.txt", "not a regular file")
 def _(env: Env) -> list[str]:
     os.mkfifo(_pthfa(env) / "python" / "pthfa" / "pipe.txt")

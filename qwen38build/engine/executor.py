@@ -140,13 +140,30 @@ def realise(
     source_dirs: list[Path] | None = None,
     on_done: Callable[[Outcome], None] | None = None,
     substituters: Substituters | None = None,
+    jobs: int = 1,
 ) -> dict[str, Outcome]:
     """Make every step of the closure of ``tops`` present in ``store``; by digest.
 
     A step missing from the store is first asked of ``substituters`` (verified there
-    before it is committed), then built.
+    before it is committed), then built. Up to ``jobs`` steps run at once, each as soon as
+    the steps it depends on are done (the cubins of every arch side by side).
     """
     steps = list(walk(tops))
+    # Outputs' modes must not depend on the caller's umask. It is the process's: set once
+    # for the whole call, not per step, so steps running side by side all see 022.
+    old_umask = os.umask(0o022)
+    try:
+        return _realise(steps, store, reporter, source_stores, source_dirs, on_done,
+                        substituters, jobs)
+    finally:
+        os.umask(old_umask)
+
+
+def _realise(
+    steps: list[Step], store: Store, reporter: Reporter, source_stores: list[Store] | None,
+    source_dirs: list[Path] | None, on_done: Callable[[Outcome], None] | None,
+    substituters: Substituters | None, jobs: int,
+) -> dict[str, Outcome]:
     with store.hold() as session:
         session.add(s.digest for s in steps)  # roots first, then look: gc keeps them
         if not session.cleaned:
@@ -154,17 +171,15 @@ def realise(
             store.clean_tmp()  # a killed build's temp space goes with the next build
         reporter.start(len(steps))
         outcomes: dict[str, Outcome] = {}
+        index = {s.digest: i for i, s in enumerate(steps, 1)}
+
+        def one(step: Step) -> Outcome:
+            return _realise_one(step, index[step.digest], len(steps), store, reporter,
+                                source_stores or [], source_dirs or [], substituters)
+
         for attempt in range(1, RETRIES + 1):
             try:
-                for index, step in enumerate(steps, 1):
-                    if step.digest in outcomes:
-                        continue
-                    outcome = _realise_one(step, index, len(steps), store, reporter,
-                                           source_stores or [], source_dirs or [],
-                                           substituters)
-                    outcomes[step.digest] = outcome
-                    if on_done:
-                        on_done(outcome)
+                _schedule(steps, outcomes, one, on_done, jobs)
                 break
             except CorruptEntry as exc:
                 if attempt == RETRIES:
@@ -180,6 +195,39 @@ def realise(
 
 
 RETRIES = 3
+
+
+def _schedule(
+    steps: list[Step], outcomes: dict[str, Outcome], one: Callable[[Step], Outcome],
+    on_done: Callable[[Outcome], None] | None, jobs: int,
+) -> None:
+    """Realise ``steps`` (dependencies first) not yet in ``outcomes``, ``jobs`` at a time,
+    each once its dependencies are done. A failure lets the running steps finish (each
+    commits whole or not at all), starts no other, and is raised."""
+    todo = [s for s in steps if s.digest not in outcomes]
+    if jobs <= 1:
+        for step in todo:
+            outcomes[step.digest] = outcome = one(step)
+            if on_done:
+                on_done(outcome)
+        return
+    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+    waiting = {s.digest: s for s in todo}
+    running: dict[Future[Outcome], str] = {}
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="q38-step") as pool:
+        while waiting or running:
+            for digest, step in list(waiting.items()):
+                if len(running) < jobs and all(d.digest in outcomes for _, d in step.deps):
+                    running[pool.submit(one, step)] = digest
+                    del waiting[digest]
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                running.pop(future)
+                outcome = future.result()  # a failure: the with block waits for the rest
+                outcomes[outcome.step.digest] = outcome
+                if on_done:
+                    on_done(outcome)
 
 
 def _closure(step: Step) -> set[str]:
@@ -229,21 +277,16 @@ def _build(
     source_dirs: list[Path],
 ) -> Entry:
     module = kind_module(step.kind)
-    old_umask = os.umask(0o022)  # outputs' modes must not depend on the caller's umask
-    try:
-        with store.hold() as session:
-            scratch = store.work_dir(session, "scratch")
-            try:
+    with store.hold() as session:
+        scratch = store.work_dir(session, "scratch")
+        try:
 
-                def fill(out: Path) -> dict[str, str]:
-                    ctx = Context(step, out, scratch, store, reporter, source_stores,
-                                  source_dirs)
-                    module.run(ctx)
-                    ctx.check_used()
-                    return ctx.hashed
+            def fill(out: Path) -> dict[str, str]:
+                ctx = Context(step, out, scratch, store, reporter, source_stores, source_dirs)
+                module.run(ctx)
+                ctx.check_used()
+                return ctx.hashed
 
-                return store.add(step.digest, step.derivation(), fill)
-            finally:
-                remove_tree(scratch)
-    finally:
-        os.umask(old_umask)
+            return store.add(step.digest, step.derivation(), fill)
+        finally:
+            remove_tree(scratch)
