@@ -30,9 +30,8 @@ def stack(project: Project) -> Project:
 
 def _timed_compiles(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
     """Every cubin compile's (start, end), each made to take at least 0.4 s."""
-    from qwen38build.steps import cubin
+    from qwen38build.kernels.kernels import compile_arch as real
 
-    real = cubin.compile_arch
     spans: list[tuple[float, float]] = []
     lock = threading.Lock()
 
@@ -44,7 +43,7 @@ def _timed_compiles(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]
             spans.append((start, time.monotonic()))
         return out
 
-    monkeypatch.setattr(cubin, "compile_arch", slow)
+    monkeypatch.setattr("qwen38build.steps.cubin.compile_arch", slow)
     return spans
 
 
