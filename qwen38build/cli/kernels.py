@@ -32,7 +32,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     reporter = make_reporter(quiet=args.quiet)
     subs = stages.open_substituters(args)
     # The arches are independent: side by side, once the toolchain is there.
-    outcomes = realise([wheel], store, reporter, substituters=subs, jobs=args.jobs)
+    outcomes = realise([*cubins, wheel], store, reporter, substituters=subs, jobs=args.jobs)
     record.write_build(store, wheel, outcomes, root_name=stages.root_name(loaded) + "-kernels")
     out = outcomes[wheel.digest].entry.the_output(".whl")
     copied: list[str] = []

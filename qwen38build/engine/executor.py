@@ -24,7 +24,7 @@ from qwen38build.engine.step import Step, walk
 from qwen38build.errors import InputError, StoreError
 from qwen38build.files import remove_tree
 from qwen38build.inputs.env import source_dirs
-from qwen38build.steps import kind_module
+from qwen38build.steps import kind_module, runtime_deps
 from qwen38build.store.entry import CorruptEntry, Entry
 from qwen38build.store.store import Store
 
@@ -148,27 +148,56 @@ def realise(
     before it is committed), then built. Up to ``jobs`` steps run at once, each as soon as
     the steps it depends on are done (the cubins of every arch side by side).
     """
-    steps = list(walk(tops))
     # Outputs' modes must not depend on the caller's umask. It is the process's: set once
     # for the whole call, not per step, so steps running side by side all see 022.
     old_umask = os.umask(0o022)
     try:
-        return _realise(steps, store, reporter, source_stores, source_dirs, on_done,
+        return _realise(tops, store, reporter, source_stores, source_dirs, on_done,
                         substituters, jobs)
     finally:
         os.umask(old_umask)
 
 
+def _needed(tops: list[Step], store: Store, reporter: Reporter,
+            substituters: Substituters) -> list[Step]:
+    """The steps to realise, found top-down as Nix substitutes: a step present here, or
+    substituted now, needs none of its build inputs, only its runtime references (a stack's
+    parts); a step that must be built needs every dependency. Dependencies first."""
+    order: list[Step] = []
+    seen: set[str] = set()
+
+    def visit(step: Step) -> None:
+        if step.digest in seen:
+            return
+        seen.add(step.digest)
+        present = store.get(step.digest) is not None
+        if not present:
+            with store.lock(step.digest):
+                present = (store.trusted(step.digest) is not None
+                           or substituters.substitute(step, store, reporter) is not None)
+        for dep in runtime_deps(step) if present else [d for _, d in step.deps]:
+            visit(dep)
+        order.append(step)
+
+    for top in tops:
+        visit(top)
+    return order
+
+
 def _realise(
-    steps: list[Step], store: Store, reporter: Reporter, source_stores: list[Store] | None,
+    tops: list[Step], store: Store, reporter: Reporter, source_stores: list[Store] | None,
     source_dirs: list[Path] | None, on_done: Callable[[Outcome], None] | None,
     substituters: Substituters | None, jobs: int,
 ) -> dict[str, Outcome]:
+    steps = list(walk(tops))
     with store.hold() as session:
         session.add(s.digest for s in steps)  # roots first, then look: gc keeps them
         if not session.cleaned:
             session.cleaned = True
             store.clean_tmp()  # a killed build's temp space goes with the next build
+        if substituters is not None:
+            steps = _needed(tops, store, reporter, substituters)
+            substituters = None  # every step left was asked once already: build it
         reporter.start(len(steps))
         outcomes: dict[str, Outcome] = {}
         index = {s.digest: i for i, s in enumerate(steps, 1)}
@@ -214,11 +243,14 @@ def _schedule(
     from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
     waiting = {s.digest: s for s in todo}
+    planned = {s.digest for s in steps}
     running: dict[Future[Outcome], str] = {}
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="q38-step") as pool:
         while waiting or running:
             for digest, step in list(waiting.items()):
-                if len(running) < jobs and all(d.digest in outcomes for _, d in step.deps):
+                ready = all(d.digest in outcomes or d.digest not in planned
+                            for _, d in step.deps)  # a substituted step's inputs are not
+                if len(running) < jobs and ready:
                     running[pool.submit(one, step)] = digest
                     del waiting[digest]
             done, _ = wait(running, return_when=FIRST_COMPLETED)

@@ -73,9 +73,10 @@ def make_plan(
     inputs = tuple((e.row_name, sha256_file(e.path)) for e in series)
     patch = Step(
         kind="patch", implementation=implementation("patch"), name="series",
-        # GNU patch is the machine's: its path and release are part of what the step is.
+        # GNU patch is the machine's: the release the recipe names is part of what the step
+        # is (checked against the machine's where the series is applied).
         params={"package": "vllm", "series": [e.row_name for e in series],
-                "gnu_patch": identity("patch")},
+                "gnu_patch": loaded.recipe.toolchain.gnu_patch},
         inputs=inputs, deps=(("wheel", fetch),),
         input_paths={e.row_name: e.path for e in series},
     )
@@ -170,7 +171,7 @@ def kernel_steps(
     their digest (KernelBuildError when there is none).
     """
     from qwen38build.inputs.recipe import normalise_arch
-    from qwen38build.kernels.kernels import BASE_PATH, NVCC_FLAGS, Nvcc, nvcc_version
+    from qwen38build.kernels.kernels import NVCC_FLAGS, Nvcc, nvcc_version
 
     r = loaded.recipe
     src = loaded.root / r.pthfa.path
@@ -188,9 +189,7 @@ def kernel_steps(
     csrc = [p for _, p in found]
     sources = tuple((p.name, sha256_file(p)) for p in csrc)
     deps: tuple[tuple[str, Step], ...]
-    # nvcc's host compiler is the machine's (found on BASE_PATH, as nvcc runs): its path and
-    # release are in every cubin's digest.
-    compiler: dict[str, object] = {"host_compiler": identity("gcc", BASE_PATH)}
+    compiler: dict[str, object] = {}
     if system_nvcc:
         compiler.update(nvcc="system", nvcc_version=nvcc_version(Nvcc.find_system()),
                         nvcc_identity=identity("nvcc", content=True))

@@ -60,6 +60,19 @@ def _identify(name: str, real: str, path: str | None, *, content: bool) -> dict[
     return {"path": real, "version": (said.strip().splitlines() or ["unknown"])[0]}
 
 
+def built_with(kind: str) -> dict[str, dict[str, str]]:
+    """The identities of the machine programs a step of ``kind`` ran here (recorded beside
+    each step the build made; not in digests, so that a machine that only substitutes
+    needs none of them): GNU patch for the patch step, nvcc's host compiler for a cubin."""
+    from qwen38build.proc import BASE_PATH
+
+    programs: dict[str, dict[str, tuple[str, str | None]]] = {
+        "patch": {"gnu_patch": ("patch", None)},
+        "cubin": {"host_compiler": ("gcc", BASE_PATH)},
+    }
+    return {role: identity(name, path) for role, (name, path) in programs.get(kind, {}).items()}
+
+
 def used() -> list[list[str]]:
     """[name, search path, real path] of every identity taken by this process, sorted."""
     return [[name, search, real] for name, (search, real) in sorted(_USED.items())]
