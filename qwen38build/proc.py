@@ -21,6 +21,8 @@ from pathlib import Path
 from qwen38build.errors import Qwen38BuildError, ToolError
 
 BASE = {"LC_ALL": "C", "TZ": "UTC"}
+#: Where a step finds the machine's own programs (the host compiler nvcc calls).
+BASE_PATH = "/usr/bin:/bin"
 TAIL_LINES = 20
 
 

@@ -283,6 +283,15 @@ def add_pthfa_sources(root: Path) -> None:
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+    relist_pthfa(root)
+
+
+def relist_pthfa(root: Path) -> None:
+    """Rewrite ``root/pthfa/MANIFEST`` for the sources there now (as pthfa/manifest.py does
+    after an edit): every regular file of csrc/ and python/."""
+    pthfa = root / "pthfa"
+    files = sorted(p for sub in ("csrc", "python") for p in (pthfa / sub).rglob("*")
+                   if p.is_file() and not p.is_symlink() and "__pycache__" not in p.parts)
     (pthfa / "MANIFEST").write_text("".join(
         f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(pthfa).as_posix()}\n"
-        for p in sorted(files)))
+        for p in files))

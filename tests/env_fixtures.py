@@ -17,7 +17,7 @@ from qwen38build.inputs.recipe import load
 from qwen38build.store.store import Store
 from qwen38build.wheels.venv import pthfa_step
 from tests.conftest import ENVS, SERVER, Project
-from tests.engine_fixtures import make_project, make_wheel
+from tests.engine_fixtures import make_project, make_wheel, relist_pthfa
 
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 # The pin's own requirements: the one that needs an extra and the one for another Python
@@ -91,6 +91,7 @@ def add_pthfa_wheel(p: Project, monkeypatch: pytest.MonkeyPatch) -> Path:
     (src / "csrc" / "decode.cu").write_text("// a kernel\n")
     (src / "python" / "pthfa").mkdir(parents=True, exist_ok=True)
     (src / "python" / "pthfa" / "__init__.py").write_text("")
+    relist_pthfa(p.root)
     step = pthfa_step(load(p.root / "recipe.toml"))
 
     def fill(out: Path) -> None:

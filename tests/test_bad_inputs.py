@@ -30,6 +30,7 @@ import pytest
 from tests.engine_fixtures import (
     FILES,
     VERSION,
+    add_pthfa_sources,
     make_project,
     make_wheel,
     patch_text,
@@ -773,6 +774,57 @@ def _(env: Env) -> list[str]:
 def _(env: Env) -> list[str]:
     (env.root / "result").symlink_to(env.store / "objects" / "not-a-hash")
     return ["verify", str(env.tmp)]
+
+
+# -- vendored trees: read one safe way wherever they are packed ---------------------------------
+
+
+def _pthfa(env: Env) -> Path:
+    add_pthfa_sources(env.root)
+    return env.root / "pthfa"
+
+
+@case("pthfa-package-link-to-host-file", "env.txt", "symbolic link")
+def _(env: Env) -> list[str]:
+    (_pthfa(env) / "python" / "pthfa" / "env.txt").symlink_to("/etc/passwd")
+    return ["kernels", "--arch", "8.6", "-q"]
+
+
+@case("pthfa-package-link-in-build", "environ.txt", "symbolic link")
+def _(env: Env) -> list[str]:
+    (_pthfa(env) / "python" / "pthfa" / "environ.txt").symlink_to("/proc/self/environ")
+    return ["build", "-q", "--no-link", "--only", "pthfa"]
+
+
+@case("pthfa-csrc-header-link", "host.cuh", "symbolic link")
+def _(env: Env) -> list[str]:
+    (_pthfa(env) / "csrc" / "host.cuh").symlink_to("/etc/hostname")
+    return ["kernels", "--arch", "8.6", "-q"]
+
+
+@case("pthfa-package-unlisted-file", "extra.py", "not listed in pthfa/MANIFEST")
+def _(env: Env) -> list[str]:
+    (_pthfa(env) / "python" / "pthfa" / "extra.py").write_text("SECRET = 1\n")
+    return ["kernels", "--arch", "8.6", "-q"]
+
+
+@case("pthfa-source-edited-after-manifest", "tiny.cu", "differ from pthfa/MANIFEST")
+def _(env: Env) -> list[str]:
+    (_pthfa(env) / "csrc" / "tiny.cu").write_text("// edited\n")
+    return ["kernels", "--arch", "8.6", "-q"]
+
+
+@case("kernels-out-a-file", "--out", "a file stands there")
+def _(env: Env) -> list[str]:
+    _pthfa(env)
+    (env.tmp / "out-file").write_text("x\n")
+    return ["kernels", "--arch", "8.6", "-q", "--out", str(env.tmp / "out-file")]
+
+
+@case("pthfa-package-fifo", "pipe.txt", "not a regular file")
+def _(env: Env) -> list[str]:
+    os.mkfifo(_pthfa(env) / "python" / "pthfa" / "pipe.txt")
+    return ["kernels", "--arch", "8.6", "-q"]
 
 
 # -- command-line arguments ---------------------------------------------------------------------

@@ -13,7 +13,7 @@ import zipfile
 import pytest
 
 from tests.conftest import Project
-from tests.engine_fixtures import KERNEL, add_pthfa_sources
+from tests.engine_fixtures import KERNEL, add_pthfa_sources, relist_pthfa
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
@@ -42,6 +42,7 @@ def test_kernels_build_per_arch_then_hit_without_compiling(
 
     monkeypatch.setattr("qwen38build.steps.cubin.compile_arch", no_compile)
     (kproject.root / "pthfa" / "python" / "pthfa" / "__init__.py").write_text('"""v2"""\n')
+    relist_pthfa(kproject.root)
     monkeypatch.setenv("QWEN38BUILD_NVCC", "system")  # the same request, by environment
     assert kproject.run("kernels", "--json", "-q") == 0
     second = json.loads(capsys.readouterr().out)
@@ -56,6 +57,7 @@ def test_a_source_change_misses_only_the_kernel_steps(
     assert kproject.run("kernels", "--json", "-q", "--arch", "sm_90") == 0
     before = json.loads(capsys.readouterr().out)
     (kproject.root / "pthfa" / "csrc" / "tiny.cu").write_text(KERNEL.replace("1.0f", "2.0f"))
+    relist_pthfa(kproject.root)
     assert kproject.run("kernels", "--json", "-q", "--arch", "9.0") == 0
     after = json.loads(capsys.readouterr().out)
     assert before["cubins"]["9.0"] != after["cubins"]["9.0"]

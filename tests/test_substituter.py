@@ -18,6 +18,7 @@ from qwen38build.engine.step import Step
 from qwen38build.store.entry import Entry
 from tests import cache_fixtures as cf
 from tests.conftest import Project
+from tests.engine_fixtures import relist_pthfa
 
 
 @pytest.fixture(autouse=True)
@@ -304,6 +305,7 @@ def test_kernel_outputs_push_and_substitute_without_compiling(
     pkg = project.root / "pthfa" / "python" / "pthfa"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text('"""tiny"""\n')
+    relist_pthfa(project.root)
     key, key_file = make_key(tmp_path / "keys")
     with cf.nginx(tmp_path / "cache", tmp_path / "nginx") as url:
         assert project.run("kernels", "--json", "-q", "-j", "1") == 0
@@ -336,3 +338,48 @@ def test_offline_fetches_nothing_from_the_index_either(
     assert project.run("--offline", "build") == 1
     assert "offline mode forbids fetching it" in capsys.readouterr().err
     assert not list((project.store / "objects").glob("*.json"))
+
+
+def test_substitution_is_top_down_a_kernels_build_fetches_only_the_kernels(
+        project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """As Nix substitutes: the requested outputs are asked for first, and a step whose
+    outputs come from the cache needs none of its build inputs. ``build --only pthfa`` on a
+    machine with an empty store fetches the pthfa wheel (the cubins are inside it), not the
+    cubin steps, the toolchain nor the compiler wheels; with only the kernel entries in the
+    cache it still builds nothing, and with no pip or compiler to reach."""
+    from tests.engine_fixtures import add_pthfa_sources
+
+    add_pthfa_sources(project.root)
+    key, key_file = make_key(tmp_path / "keys")
+    with cf.nginx(tmp_path / "cache", tmp_path / "nginx") as url:
+        assert project.run("build", "--only", "pthfa", "--json", "-q", "--no-link") == 0
+        a = json.loads(capsys.readouterr().out)
+        assert project.run("push", url, a["build"], "--key", str(key_file), "--json") == 0
+        capsys.readouterr()
+        kinds = {}
+        for record in (tmp_path / "cache").glob("*.json"):
+            kinds[record.stem] = json.loads(record.read_text())["derivation"]["kind"]
+        assert sorted(set(kinds.values())) == ["cubin", "fetch", "pthfa-wheel", "toolchain"]
+        monkeypatch.setenv("QWEN38BUILD_SOURCES", str(tmp_path / "no-wheels-here"))
+        monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+
+        def no_build(*args: object, **kwargs: object) -> None:
+            raise AssertionError("a step ran on machine B")
+
+        monkeypatch.setattr(executor, "_build", no_build)
+        for cache_holds in ("everything", "kernels only"):
+            if cache_holds == "kernels only":
+                for digest, kind in kinds.items():
+                    if kind in ("fetch", "toolchain"):
+                        (tmp_path / "cache" / f"{digest}.json").unlink()
+            store_b = tmp_path / f"store-b-{cache_holds.replace(' ', '-')}"
+            rc = main(["--recipe", str(project.root / "recipe.toml"), "--store", str(store_b),
+                       "--substituter", url, "--trusted-public-key", str(key.public()),
+                       "build", "--only", "pthfa", "--json", "-q", "--no-link"])
+            captured = capsys.readouterr()
+            assert rc == 0, captured.err
+            assert json.loads(captured.out)["build"] == a["build"]
+            held = {json.loads(p.read_text())["derivation"]["kind"]
+                    for p in (store_b / "objects").glob("*.json")}
+            assert held == {"pthfa-wheel"}, cache_holds

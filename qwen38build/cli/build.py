@@ -79,7 +79,7 @@ def _build_held(
     said = [str(w) for w in waived]
     for line in said:  # on every build, the no-op's included
         print(f"lint: {line}", file=sys.stderr)
-    outcomes = realise([plan.top], store, reporter, substituters=subs)
+    outcomes = realise([plan.top], store, reporter, substituters=subs, jobs=args.jobs)
     record.write_build(store, plan.top, outcomes, root_name=stages.root_name(loaded),
                        waived=said)
     outputs = _outputs(plan, outcomes)

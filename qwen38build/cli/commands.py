@@ -58,7 +58,13 @@ def _system_nvcc(p: Any) -> None:
                    "the digests record that nvcc's identity")
 
 
+def _jobs(p: Any, what: str) -> None:
+    p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+                   help=f"{what} at once (default: the number of cores)")
+
+
 def _build(p: Any) -> None:
+    _jobs(p, "steps built")
     p.add_argument("--only", action="append", metavar="OUTPUT",
                    help="build only these outputs: vllm, pthfa, pylock (repeatable or "
                    "comma-separated; default: the recipe's [build] outputs)")
@@ -122,8 +128,7 @@ def _bump(p: Any) -> None:
 
 def _kernels(p: Any) -> None:
     p.add_argument("--arch", action="append", help="only this arch (repeatable; e.g. 9.0)")
-    p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
-                   help="arches compiled at once (default: the number of cores)")
+    _jobs(p, "arches compiled")
     _quiet(p)
     _system_nvcc(p)
     p.add_argument("-o", "--out", metavar="DIR", help="also copy the cubins and the wheel "

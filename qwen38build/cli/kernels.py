@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from qwen38build.cli import stages
-from qwen38build.errors import ExitCode
+from qwen38build.errors import ExitCode, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -16,12 +15,15 @@ if TYPE_CHECKING:
 
 def cmd_kernels(args: argparse.Namespace) -> int:
 
-    from qwen38build.engine.executor import Outcome, realise
+    from qwen38build.engine.executor import realise
     from qwen38build.engine.plan import kernel_steps
     from qwen38build.engine.report import make_reporter
     from qwen38build.kernels.kernels import system_nvcc_requested
     from qwen38build.store import record
 
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise UsageError(f"command line: --out {args.out}: a file stands there, not a folder.",
+                         hint="give a folder (it is made if missing)")
     loaded = stages.load_recipe(args)
     steps = kernel_steps(loaded, stages.check_archs(loaded, args.arch),
                          system_nvcc=system_nvcc_requested(args.system_nvcc))
@@ -29,15 +31,8 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     store = stages.open_store(args)
     reporter = make_reporter(quiet=args.quiet)
     subs = stages.open_substituters(args)
-    outcomes: dict[str, Outcome] = {}
-    # The toolchain first, once; then the arches, which are independent: side by side
-    # (each under its digest's lock).
-    outcomes.update(realise([d for _, d in cubins[0].deps], store, reporter, substituters=subs))
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for result in pool.map(lambda s: realise([s], store, reporter, substituters=subs),
-                               cubins):
-            outcomes.update(result)
-    outcomes.update(realise([wheel], store, reporter, substituters=subs))
+    # The arches are independent: side by side, once the toolchain is there.
+    outcomes = realise([*cubins, wheel], store, reporter, substituters=subs, jobs=args.jobs)
     record.write_build(store, wheel, outcomes, root_name=stages.root_name(loaded) + "-kernels")
     out = outcomes[wheel.digest].entry.the_output(".whl")
     copied: list[str] = []

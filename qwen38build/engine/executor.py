@@ -24,7 +24,7 @@ from qwen38build.engine.step import Step, walk
 from qwen38build.errors import InputError, StoreError
 from qwen38build.files import remove_tree
 from qwen38build.inputs.env import source_dirs
-from qwen38build.steps import kind_module
+from qwen38build.steps import kind_module, runtime_deps
 from qwen38build.store.entry import CorruptEntry, Entry
 from qwen38build.store.store import Store
 
@@ -140,31 +140,75 @@ def realise(
     source_dirs: list[Path] | None = None,
     on_done: Callable[[Outcome], None] | None = None,
     substituters: Substituters | None = None,
+    jobs: int = 1,
 ) -> dict[str, Outcome]:
     """Make every step of the closure of ``tops`` present in ``store``; by digest.
 
     A step missing from the store is first asked of ``substituters`` (verified there
-    before it is committed), then built.
+    before it is committed), then built. Up to ``jobs`` steps run at once, each as soon as
+    the steps it depends on are done (the cubins of every arch side by side).
     """
+    # Outputs' modes must not depend on the caller's umask. It is the process's: set once
+    # for the whole call, not per step, so steps running side by side all see 022.
+    old_umask = os.umask(0o022)
+    try:
+        return _realise(tops, store, reporter, source_stores, source_dirs, on_done,
+                        substituters, jobs)
+    finally:
+        os.umask(old_umask)
+
+
+def _needed(tops: list[Step], store: Store, reporter: Reporter,
+            substituters: Substituters) -> list[Step]:
+    """The steps to realise, found top-down as Nix substitutes: a step present here, or
+    substituted now, needs none of its build inputs, only its runtime references (a stack's
+    parts); a step that must be built needs every dependency. Dependencies first."""
+    order: list[Step] = []
+    seen: set[str] = set()
+
+    def visit(step: Step) -> None:
+        if step.digest in seen:
+            return
+        seen.add(step.digest)
+        present = store.get(step.digest) is not None
+        if not present:
+            with store.lock(step.digest):
+                present = (store.trusted(step.digest) is not None
+                           or substituters.substitute(step, store, reporter) is not None)
+        for dep in runtime_deps(step) if present else [d for _, d in step.deps]:
+            visit(dep)
+        order.append(step)
+
+    for top in tops:
+        visit(top)
+    return order
+
+
+def _realise(
+    tops: list[Step], store: Store, reporter: Reporter, source_stores: list[Store] | None,
+    source_dirs: list[Path] | None, on_done: Callable[[Outcome], None] | None,
+    substituters: Substituters | None, jobs: int,
+) -> dict[str, Outcome]:
     steps = list(walk(tops))
     with store.hold() as session:
         session.add(s.digest for s in steps)  # roots first, then look: gc keeps them
         if not session.cleaned:
             session.cleaned = True
             store.clean_tmp()  # a killed build's temp space goes with the next build
+        if substituters is not None:
+            steps = _needed(tops, store, reporter, substituters)
+            substituters = None  # every step left was asked once already: build it
         reporter.start(len(steps))
         outcomes: dict[str, Outcome] = {}
+        index = {s.digest: i for i, s in enumerate(steps, 1)}
+
+        def one(step: Step) -> Outcome:
+            return _realise_one(step, index[step.digest], len(steps), store, reporter,
+                                source_stores or [], source_dirs or [], substituters)
+
         for attempt in range(1, RETRIES + 1):
             try:
-                for index, step in enumerate(steps, 1):
-                    if step.digest in outcomes:
-                        continue
-                    outcome = _realise_one(step, index, len(steps), store, reporter,
-                                           source_stores or [], source_dirs or [],
-                                           substituters)
-                    outcomes[step.digest] = outcome
-                    if on_done:
-                        on_done(outcome)
+                _schedule(steps, outcomes, one, on_done, jobs)
                 break
             except CorruptEntry as exc:
                 if attempt == RETRIES:
@@ -180,6 +224,42 @@ def realise(
 
 
 RETRIES = 3
+
+
+def _schedule(
+    steps: list[Step], outcomes: dict[str, Outcome], one: Callable[[Step], Outcome],
+    on_done: Callable[[Outcome], None] | None, jobs: int,
+) -> None:
+    """Realise ``steps`` (dependencies first) not yet in ``outcomes``, ``jobs`` at a time,
+    each once its dependencies are done. A failure lets the running steps finish (each
+    commits whole or not at all), starts no other, and is raised."""
+    todo = [s for s in steps if s.digest not in outcomes]
+    if jobs <= 1:
+        for step in todo:
+            outcomes[step.digest] = outcome = one(step)
+            if on_done:
+                on_done(outcome)
+        return
+    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+    waiting = {s.digest: s for s in todo}
+    planned = {s.digest for s in steps}
+    running: dict[Future[Outcome], str] = {}
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="q38-step") as pool:
+        while waiting or running:
+            for digest, step in list(waiting.items()):
+                ready = all(d.digest in outcomes or d.digest not in planned
+                            for _, d in step.deps)  # a substituted step's inputs are not
+                if len(running) < jobs and ready:
+                    running[pool.submit(one, step)] = digest
+                    del waiting[digest]
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                running.pop(future)
+                outcome = future.result()  # a failure: the with block waits for the rest
+                outcomes[outcome.step.digest] = outcome
+                if on_done:
+                    on_done(outcome)
 
 
 def _closure(step: Step) -> set[str]:
@@ -229,21 +309,16 @@ def _build(
     source_dirs: list[Path],
 ) -> Entry:
     module = kind_module(step.kind)
-    old_umask = os.umask(0o022)  # outputs' modes must not depend on the caller's umask
-    try:
-        with store.hold() as session:
-            scratch = store.work_dir(session, "scratch")
-            try:
+    with store.hold() as session:
+        scratch = store.work_dir(session, "scratch")
+        try:
 
-                def fill(out: Path) -> dict[str, str]:
-                    ctx = Context(step, out, scratch, store, reporter, source_stores,
-                                  source_dirs)
-                    module.run(ctx)
-                    ctx.check_used()
-                    return ctx.hashed
+            def fill(out: Path) -> dict[str, str]:
+                ctx = Context(step, out, scratch, store, reporter, source_stores, source_dirs)
+                module.run(ctx)
+                ctx.check_used()
+                return ctx.hashed
 
-                return store.add(step.digest, step.derivation(), fill)
-            finally:
-                remove_tree(scratch)
-    finally:
-        os.umask(old_umask)
+            return store.add(step.digest, step.derivation(), fill)
+        finally:
+            remove_tree(scratch)

@@ -160,9 +160,15 @@ def save(
 _FLAGS = ("--no-link", "-q", "--quiet", "--json", "--system-nvcc")
 
 
+def _jobs_value(arg: str) -> int:
+    """N of ``-jN`` or ``--jobs=N``; 0 for anything else."""
+    num = arg[7:] if arg.startswith("--jobs=") else arg[2:] if arg.startswith("-j") else ""
+    return int(num) if num.isdigit() else 0
+
+
 def try_noop(argv: list[str]) -> int | None:
-    """Answer ``[--recipe R] [--store S] build [--only O]... [--system-nvcc] [--no-link]
-    [-q] [--json]`` from the record.
+    """Answer ``[--recipe R] [--store S] build [--only O]... [--system-nvcc] [-j N]
+    [--no-link] [-q] [--json]`` from the record.
 
     Returns None for any other command line, or when anything changed: then the full CLI
     runs. Kept to exactly the flags it understands, so it can never mean something else.
@@ -185,6 +191,10 @@ def try_noop(argv: list[str]) -> int | None:
             only.append(arg.removeprefix("--only="))
         elif arg in _FLAGS:
             flags.add(arg)
+        elif arg in ("-j", "--jobs") and rest and rest[0].isdigit() and int(rest[0]) > 0:
+            rest.pop(0)  # how many at once changes no answer
+        elif _jobs_value(arg) > 0:
+            pass  # -jN, --jobs=N
         else:
             return None
     wanted = requested(only)

@@ -22,6 +22,7 @@ from qwen38build.engine.step import Step
 from qwen38build.engine.tools import identity
 from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.recipe import LoadedRecipe
+from qwen38build.inputs.tree import manifest_files
 from qwen38build.steps import implementation
 
 
@@ -72,9 +73,10 @@ def make_plan(
     inputs = tuple((e.row_name, sha256_file(e.path)) for e in series)
     patch = Step(
         kind="patch", implementation=implementation("patch"), name="series",
-        # GNU patch is the machine's: its path and release are part of what the step is.
+        # GNU patch is the machine's: the release the recipe names is part of what the step
+        # is (checked against the machine's where the series is applied).
         params={"package": "vllm", "series": [e.row_name for e in series],
-                "gnu_patch": identity("patch")},
+                "gnu_patch": loaded.recipe.toolchain.gnu_patch},
         inputs=inputs, deps=(("wheel", fetch),),
         input_paths={e.row_name: e.path for e in series},
     )
@@ -169,7 +171,7 @@ def kernel_steps(
     their digest (KernelBuildError when there is none).
     """
     from qwen38build.inputs.recipe import normalise_arch
-    from qwen38build.kernels.kernels import BASE_PATH, NVCC_FLAGS, Nvcc, nvcc_version
+    from qwen38build.kernels.kernels import NVCC_FLAGS, Nvcc, nvcc_version
 
     r = loaded.recipe
     src = loaded.root / r.pthfa.path
@@ -177,12 +179,17 @@ def kernel_steps(
         from qwen38build.errors import KernelBuildError
 
         raise KernelBuildError(f"{src / 'csrc'} does not exist; there are no kernel sources.")
-    csrc = sorted(p for p in (src / "csrc").iterdir() if p.suffix in (".cu", ".cuh", ".h"))
+    # The vendored tree is read one safe way: regular files only, each as MANIFEST lists it
+    # (a link to a host file, or a file nobody listed, is refused before anything is built).
+    found = manifest_files(src, "csrc", suffixes=(".cu", ".cuh", ".h"))
+    if any("/" in rel for rel, _ in found):
+        from qwen38build.errors import KernelBuildError
+
+        raise KernelBuildError(f"{src / 'csrc'}: kernel sources live at its top level.")
+    csrc = [p for _, p in found]
     sources = tuple((p.name, sha256_file(p)) for p in csrc)
     deps: tuple[tuple[str, Step], ...]
-    # nvcc's host compiler is the machine's (found on BASE_PATH, as nvcc runs): its path and
-    # release are in every cubin's digest.
-    compiler: dict[str, object] = {"host_compiler": identity("gcc", BASE_PATH)}
+    compiler: dict[str, object] = {}
     if system_nvcc:
         compiler.update(nvcc="system", nvcc_version=nvcc_version(Nvcc.find_system()),
                         nvcc_identity=identity("nvcc", content=True))
@@ -201,10 +208,7 @@ def kernel_steps(
              inputs=sources, input_paths={p.name: p for p in csrc}, deps=deps)
         for a in wanted
     ]
-    pkg = src / "python" / "pthfa"
-    files = sorted(p for p in pkg.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-                   and p.suffix not in (".pyc", ".cubin", ".ptx"))
-    names = {p.relative_to(pkg).as_posix(): p for p in files}
+    names = dict(manifest_files(src, "python/pthfa"))
     wheel = Step(
         kind="pthfa-wheel", implementation=implementation("pthfa-wheel"), name="pthfa-wheel",
         params={"version": r.pthfa.tag.lstrip("v"), "archs": wanted},

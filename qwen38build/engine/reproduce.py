@@ -91,10 +91,13 @@ def reproduce(store: Store, build_hash: str, reporter: Reporter, *, keep: bool =
             return result
         recorded = {s["digest"]: s for s in record["steps"]}
         for s in steps:
-            rec = dict(recorded[s.digest]["outputs"])
             # Compare with what the store holds now (a tampered entry must show), falling
-            # back on the record for entries gc has removed.
+            # back on the record for entries gc has removed. A build input of a substituted
+            # step was never here and recorded no outputs: nothing to compare it with.
             held = store.objects / s.digest
+            if recorded[s.digest]["outputs"] is None and not held.is_dir():
+                continue
+            rec = dict(recorded[s.digest]["outputs"] or {})
             if held.is_dir():
                 rec = {p.relative_to(held).as_posix(): output_sha256(p)
                        for p in sorted(held.rglob("*")) if p.is_file() or p.is_symlink()}

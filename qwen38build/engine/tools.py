@@ -18,6 +18,8 @@ import os
 
 # name → (search path or "" for the caller's PATH, real path) of each identity taken.
 _USED: dict[str, tuple[str, str]] = {}
+# (real path, content, stat) → identity: a program is asked once per process while it stays.
+_KNOWN: dict[tuple[str, bool, tuple[int, ...]], dict[str, str]] = {}
 
 
 def which(name: str, path: str | None = None) -> str | None:
@@ -38,6 +40,14 @@ def identity(name: str, path: str | None = None, *, content: bool = False) -> di
         return {"path": "none"}
     real = os.path.realpath(found)
     _USED[name] = (path or "", real)
+    st = os.stat(real)
+    key = (real, content, (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
+    if key not in _KNOWN:
+        _KNOWN[key] = _identify(name, real, path, content=content)
+    return dict(_KNOWN[key])
+
+
+def _identify(name: str, real: str, path: str | None, *, content: bool) -> dict[str, str]:
     if content:
         from pathlib import Path
 
@@ -48,6 +58,19 @@ def identity(name: str, path: str | None = None, *, content: bool = False) -> di
 
     said = run([real, "--version"], what=name, env=environment(path=path)).stdout
     return {"path": real, "version": (said.strip().splitlines() or ["unknown"])[0]}
+
+
+def built_with(kind: str) -> dict[str, dict[str, str]]:
+    """The identities of the machine programs a step of ``kind`` ran here (recorded beside
+    each step the build made; not in digests, so that a machine that only substitutes
+    needs none of them): GNU patch for the patch step, nvcc's host compiler for a cubin."""
+    from qwen38build.proc import BASE_PATH
+
+    programs: dict[str, dict[str, tuple[str, str | None]]] = {
+        "patch": {"gnu_patch": ("patch", None)},
+        "cubin": {"host_compiler": ("gcc", BASE_PATH)},
+    }
+    return {role: identity(name, path) for role, (name, path) in programs.get(kind, {}).items()}
 
 
 def used() -> list[list[str]]:

@@ -139,12 +139,16 @@ class Toolchain(_Model):
 
     ``python``: pip's ``--python-version`` for every fetch and the environment lock;
     ``torch``: the torch the environment lock must hold; ``cuda``: the release series of
-    NVIDIA's compiler wheels that ``lock`` pins (the kernels compile with them).
+    NVIDIA's compiler wheels that ``lock`` pins (the kernels compile with them);
+    ``gnu_patch``: the GNU patch release that applies the series, part of the patch step's
+    digest (a machine that only substitutes needs no patch at all) and checked against
+    the machine's ``patch --version`` where the series is applied.
     """
 
     python: PepVersion
     torch: PepVersion
     cuda: CudaSeries
+    gnu_patch: Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+){1,2}$")] = "2.7.6"
 
 
 class Waiver(_Model):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen38build.errors import KernelBuildError
-from qwen38build.proc import environment, run
+from qwen38build.proc import BASE_PATH, environment, run
 from qwen38build.wheels import record
 
 __all__ = [
@@ -55,7 +55,6 @@ _UNIT = "__pthfa_unit__.cu"
 
 
 #: Where the host compiler and the shell tools nvcc calls are found; nothing else is searched.
-BASE_PATH = "/usr/bin:/bin"
 #: The variable that asks for the system nvcc instead of the locked toolchain's.
 NVCC_ENV = "QWEN38BUILD_NVCC"
 

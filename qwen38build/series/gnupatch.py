@@ -76,6 +76,25 @@ class ApplyResult:
         return [h for h in self.hunks if not h.applied]
 
 
+def release() -> str:
+    """The release of the GNU patch on PATH (``2.7.6``), from its ``--version``."""
+    said = run([patch_program(), "--version"], what="GNU patch",
+               hint="install it (Debian: apt-get install patch)").stdout
+    first = (said.splitlines() or [""])[0]
+    return first.rsplit(" ", 1)[-1] if first.startswith("GNU patch ") else first or "unknown"
+
+
+def require_release(want: str) -> None:
+    """PatchFailed unless the GNU patch on PATH is release ``want`` (the recipe's): the
+    patch step's digest names that release, so another one must not make its bytes."""
+    got = release()
+    if got != want:
+        raise PatchFailed(
+            f"GNU patch {got} is on PATH, but the recipe's [toolchain] gnu_patch is {want}.",
+            hint=f"put GNU patch {want} on PATH, or set gnu_patch = \"{got}\" in "
+            "recipe.toml (a new release changes the patch step's digest)")
+
+
 def run_patch(
     patch: Path, directory: Path, *, reverse: bool = False, dry_run: bool = False
 ) -> ApplyResult:

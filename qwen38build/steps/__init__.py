@@ -21,8 +21,12 @@ import importlib
 import importlib.util
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from qwen38build.errors import InputError
+
+if TYPE_CHECKING:
+    from qwen38build.engine.step import Step
 
 ENGINE = (
     "qwen38build.digest", "qwen38build.errors", "qwen38build.engine.executor",
@@ -31,6 +35,7 @@ ENGINE = (
     "qwen38build.proc", "qwen38build.inputs.env",
 )
 FIXED = "fixed-output"
+ALL = "all"  # a kind's RUNTIME: every dependency is a runtime reference (a stack's parts)
 # The kinds, each the module that runs it.
 KINDS = {
     "fetch": "qwen38build.steps.fetch",
@@ -50,6 +55,14 @@ def kind_module(kind: str) -> ModuleType:
         return importlib.import_module(KINDS[kind])
     except KeyError:
         raise InputError(f"unknown step kind {kind!r}.") from None
+
+
+def runtime_deps(step: Step) -> list[Step]:
+    """The dependencies ``step``'s outputs need at run time (its kind's ``RUNTIME``: the
+    dependency names, or ``ALL``), as opposed to those it needs only to be built. A machine
+    that substitutes a step fetches these and nothing else of its closure."""
+    wanted = getattr(kind_module(step.kind), "RUNTIME", ())
+    return [d for name, d in step.deps if wanted == ALL or name in wanted]
 
 
 def modules_of(kind: str) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from qwen38build.digest import sha256_file
 from qwen38build.engine.executor import Context
-from qwen38build.series.gnupatch import describe_failure, run_patch
+from qwen38build.series.gnupatch import describe_failure, require_release, run_patch
 from qwen38build.series.patchfile import PatchFile
 from qwen38build.steps import ENGINE
 from qwen38build.wheels.wheelzip import extract
@@ -33,6 +33,7 @@ TREE = "tree"
 
 
 def run(ctx: Context) -> None:
+    require_release(str(ctx.step.params["gnu_patch"]))
     package = str(ctx.step.params["package"])
     series = [str(s) for s in ctx.step.params["series"]]
     wheel_entry = ctx.dep_entry("wheel")

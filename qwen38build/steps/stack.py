@@ -13,10 +13,12 @@ import os
 
 from qwen38build.engine.executor import Context
 from qwen38build.errors import StoreError
-from qwen38build.steps import ENGINE
+from qwen38build.steps import ALL, ENGINE
 
 KIND = "stack"
 IMPLEMENTATION = ENGINE
+# The parts are what the stack's links point at: needed wherever the stack is.
+RUNTIME = ALL
 
 
 def run(ctx: Context) -> None:

@@ -35,6 +35,8 @@ IMPLEMENTATION = (
     "qwen38build.wheels.wheelzip",
 )
 LABEL = "q38"
+# `apply` writes the patched files from the patch step's tree: needed beside the wheel.
+RUNTIME = ("patched",)
 
 
 def local_version(version: str, digest: str) -> str:

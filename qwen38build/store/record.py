@@ -27,15 +27,24 @@ def write_build(store: Store, top: Step, outcomes: dict[str, Outcome], root_name
     """Record ``top``'s closure under builds/<hash>.json and make it the root ``root_name``;
     ``waived`` lists the lint findings the recipe's waivers let through, with the reasons."""
     from qwen38build.engine.step import closure
+    from qwen38build.engine.tools import built_with
 
     steps = []
     for s in closure(top):
+        if s.digest not in outcomes:
+            # A build input of a substituted step: not needed, so not fetched. Its
+            # derivation is kept (reproduce rebuilds it); it has no outputs here.
+            steps.append({"digest": s.digest, "derivation": s.derivation(), "tree": None,
+                          "outputs": None})
+            continue
         entry = outcomes[s.digest].entry
         steps.append({
             "digest": s.digest,
             "derivation": s.derivation(),
             "tree": entry.meta["tree"],
             "outputs": {k: v["sha256"] for k, v in entry.outputs.items()},
+            # the machine's programs that made it, when this build made it
+            **({"built_with": built_with(s.kind)} if outcomes[s.digest].built else {}),
         })
         store.write_json(store.root / "history" / f"{_safe(s.name)}.json",
                          {"digest": s.digest, "derivation": s.derivation()})
