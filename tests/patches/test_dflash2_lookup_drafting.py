@@ -57,7 +57,7 @@ class _Kernel:
 
 def _triton_utils() -> Any:
     def jit(fn: Any = None, **kwargs: Any) -> Any:
-        return _Kernel(fn) if fn is not None else (lambda f: _Kernel(f))
+        return _Kernel(fn) if fn is not None else _Kernel
 
     triton = SimpleNamespace(jit=jit, cdiv=lambda a, b: -(-a // b),
                              next_power_of_2=lambda n: 1 << max(0, (n - 1).bit_length()))

@@ -51,7 +51,7 @@ class _Unquantized:
         return F.linear(x, layer.weight, bias)
 
 
-class ParallelLMHead(nn.Module):
+class ParallelLMHead(nn.Module):  # type: ignore[misc,name-defined]
     """One-rank stand-in: the attributes LogitsProcessor reads from a real head."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False,
@@ -72,12 +72,12 @@ class ParallelLMHead(nn.Module):
         return self
 
 
-class _Layer(nn.Module):
+class _Layer(nn.Module):  # type: ignore[misc,name-defined]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
 
 
-class ColumnParallelLinear(nn.Module):
+class ColumnParallelLinear(nn.Module):  # type: ignore[misc,name-defined]
     def __init__(self, in_size: int, out_size: int, **kwargs: Any) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(out_size, in_size), requires_grad=False)
@@ -100,7 +100,7 @@ class AutoWeightsLoader:
         return loaded
 
 
-class PluggableLayer(nn.Module):
+class PluggableLayer(nn.Module):  # type: ignore[misc,name-defined]
     @classmethod
     def register(cls, name: str) -> Any:
         return lambda c: c
@@ -343,7 +343,7 @@ def test_patched_bad_id_file(patched_vllm: Path, tmp_path: Path,
                              words: str) -> None:
     model_dir = tmp_path / "bad"
     _write_checkpoint(model_dir, ids, rows)
-    with pytest.raises(ValueError, match="mtp_draft_vocab_ids.pt") as err:
+    with pytest.raises(ValueError, match=r"mtp_draft_vocab_ids\.pt") as err:
         _build(patched_vllm, model_dir, None, monkeypatch)
     assert words in str(err.value)
 
