@@ -345,7 +345,7 @@ def test_graph_capture_with_eager_calls_between_replays() -> None:
         pthfa.decode(q, *x.cache(), x.tables, x.lens, max_seq_len=640, out=out)
 
     x.lens.fill_(300)
-    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call,unused-ignore]
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         step()  # warm-up outside the capture

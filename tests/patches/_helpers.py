@@ -292,7 +292,7 @@ def load_kv_cache_interface(tree: Path) -> types.ModuleType:
         GDN_ATTN = "GDN_ATTN"
 
     def get_dtype_size(dtype: torch.dtype) -> int:
-        return torch.tensor([], dtype=dtype).element_size()
+        return int(torch.tensor([], dtype=dtype).element_size())
 
     logger_mod = make_module("vllm.logger", init_logger=logging.getLogger)
     math_utils = load_module(tree / "utils/math_utils.py")
