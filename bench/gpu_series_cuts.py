@@ -113,15 +113,20 @@ def lay_out(pack_dir: Path, overlay: str, dest: Path) -> Path:
     return dest
 
 
-def _pytest(tree: Path, test: Path, extra: list[str], results: Path | None) -> tuple[int, str]:
+def _pytest(tree: Path, test: Path, extra: list[str], results: Path | None,
+            logs: Path | None, label: str) -> tuple[int, str]:
     env = {**os.environ, "QWEN38_VLLM_TREE": str(tree), "QWEN38_GPU_REQUIRED": "1"}
     if results is None:
         env.pop("QWEN38_GPU_RESULTS", None)
     else:
         env["QWEN38_GPU_RESULTS"] = str(results)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p",
-                           "no:cacheprovider", str(test), *extra],
+    # -W default: vLLM's own modules warn under this torch; shown, not turned into errors
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-m", "gpu", "-W",
+                           "default", "-p", "no:cacheprovider", str(test), *extra],
                           cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    if logs is not None:
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / f"pytest-{label}.log").write_text(proc.stdout + proc.stderr)
     lines = [ln for ln in proc.stdout.splitlines()
              if re.search(r"\d+ (passed|failed|error)", ln)]
     summary = re.sub(r" in [0-9.]+s.*$", "", lines[-1].strip("= ")) if lines else "no result"
@@ -138,9 +143,10 @@ def run(pack_dir: Path, results: Path | None, extra: list[str]) -> int:
         for topic in topics:
             test = _test_file(topic)
             before = lay_out(pack_dir, f"before-{topic}.zip", Path(tmp) / "before")
-            rc_b, sum_b = _pytest(before, test, extra, None)
+            rc_b, sum_b = _pytest(before, test, extra, None, results, f"before-{topic}")
             through = lay_out(pack_dir, f"through-{topic}.zip", Path(tmp) / "through")
-            rc_t, sum_t = _pytest(through, test, extra, results)
+            rc_t, sum_t = _pytest(through, test, extra, results, results,
+                                 f"through-{topic}")
             proven = rc_b == 1 and rc_t == 0
             ok += proven
             lines.append(f"{topic:<34}  before: {sum_b:<28}  through: {sum_t:<28}  "

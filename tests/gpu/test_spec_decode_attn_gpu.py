@@ -11,7 +11,6 @@ every test fails (the module is missing): that is the series-cut proof.
 from __future__ import annotations
 
 import pytest
-
 from _common import record, require_cuda
 
 pytestmark = pytest.mark.gpu
@@ -122,9 +121,8 @@ def test_cuda_graph_capture(mods) -> None:
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        with torch.cuda.graph(graph, stream=stream):
-            run()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        run()
     torch.cuda.current_stream().wait_stream(stream)
     b.q.copy_(torch.randn(b.q.shape, generator=gen, device=DEV).to(b.q.dtype))
     b.kv_cache.mul_(-0.5)
@@ -144,39 +142,42 @@ RESULTS: list[str] = []
 PERF: list[str] = []
 
 
+def _time_pair(sda, ua, shape: tuple[int, int, int], kv: int, q: int,
+               gen) -> tuple[float, float]:
+    """us per call of (split-KV, stock 2D) on one request of q tokens over kv keys."""
+    import triton
+
+    hq, hkv, d = shape
+    b = make_batch([q], [kv], hq, hkv, d, 16, torch.bfloat16, gen)
+    buf = sda.SpecDecodeAttnBuffers(1, hq, d, 32, DEV)
+    out = torch.empty_like(b.q)
+    ones = torch.ones((1, hkv), device=DEV)
+
+    def ours() -> None:
+        sda.spec_decode_attention(b.q, b.key_cache, b.value_cache, out, b.cu_seqlens_q,
+                                  b.seq_lens, b.block_table, q, d ** -0.5, buf)
+
+    def stock() -> None:
+        ua.unified_attention(
+            q=b.q, k=b.key_cache, v=b.value_cache, out=out, cu_seqlens_q=b.cu_seqlens_q,
+            max_seqlen_q=q, seqused_k=b.seq_lens, max_seqlen_k=kv, softmax_scale=d ** -0.5,
+            causal=True, window_size=(-1, -1), block_table=b.block_table, softcap=0,
+            q_descale=None, k_descale=ones, v_descale=ones)
+
+    return (triton.testing.do_bench(ours, warmup=25, rep=100) * 1e3,
+            triton.testing.do_bench(stock, warmup=25, rep=100) * 1e3)
+
+
 @pytest.mark.parametrize("shape", [(24, 4, 256), (16, 4, 128)], ids=["24-4-256", "16-4-128"])
 def test_speed_vs_stock(mods, shape) -> None:
     """us per layer call, batch 1, vs stock unified_attention (2D) on the same inputs."""
-    import triton
-
     sda, ua = mods
-    hq, hkv, d = shape
     gen = torch.Generator(device=DEV).manual_seed(3)
     for kv in (1500, 25000, 131072):
         for q in (5, 8, 16, 32):
-            b = make_batch([q], [kv], hq, hkv, d, 16, torch.bfloat16, gen)
-            buf = sda.SpecDecodeAttnBuffers(1, hq, d, 32, DEV)
-            out = torch.empty_like(b.q)
-            ones = torch.ones((1, hkv), device=DEV)
-
-            def ours() -> None:
-                sda.spec_decode_attention(b.q, b.key_cache, b.value_cache, out,
-                                          b.cu_seqlens_q, b.seq_lens, b.block_table, q,
-                                          d ** -0.5, buf)
-
-            def stock() -> None:
-                ua.unified_attention(
-                    q=b.q, k=b.key_cache, v=b.value_cache, out=out,
-                    cu_seqlens_q=b.cu_seqlens_q, max_seqlen_q=q, seqused_k=b.seq_lens,
-                    max_seqlen_k=kv, softmax_scale=d ** -0.5, causal=True,
-                    window_size=(-1, -1), block_table=b.block_table, softcap=0,
-                    q_descale=None, k_descale=ones, v_descale=ones)
-
-            t_ours = triton.testing.do_bench(ours, warmup=25, rep=100) * 1e3
-            t_stock = triton.testing.do_bench(stock, warmup=25, rep=100) * 1e3
-            PERF.append(f"| {hq}/{hkv}/{d} | {kv} | {q} | {t_ours:,.0f} | {t_stock:,.0f} | "
-                        f"{t_stock / t_ours:.1f}x |")
-            del b
+            t_ours, t_stock = _time_pair(sda, ua, shape, kv, q, gen)
+            PERF.append(f"| {'/'.join(map(str, shape))} | {kv} | {q} | {t_ours:,.0f} | "
+                        f"{t_stock:,.0f} | {t_stock / t_ours:.1f}x |")
 
 
 def test_zz_record() -> None:

@@ -170,7 +170,7 @@ def install(tree: Path | None = None) -> Path:
     plat.current_platform = _Platform()  # type: ignore[attr-defined]
     plat.vllm_version_matches_substr = lambda s: False  # type: ignore[attr-defined]
     log = _namespace("vllm.logger", None)
-    log.init_logger = lambda name: logging.getLogger(name)  # type: ignore[attr-defined]
+    log.init_logger = logging.getLogger  # type: ignore[attr-defined]
     sys.modules["vllm.envs"] = _Envs("vllm.envs")
     sys.modules["vllm"].envs = sys.modules["vllm.envs"]  # type: ignore[attr-defined]
     _namespace("vllm._custom_ops", None)
