@@ -15,7 +15,13 @@ from typing import Any
 
 import pytest
 
-from ._helpers import assert_pristine_lacks, load_envs, load_module, make_module
+from ._helpers import (
+    assert_pristine_lacks,
+    load_envs,
+    load_kv_cache_interface,
+    load_module,
+    make_module,
+)
 
 pytestmark = pytest.mark.e2e
 torch = pytest.importorskip("torch")
@@ -33,7 +39,9 @@ class _Triton(types.ModuleType):
         self.next_power_of_2 = lambda n: 1 << max(0, n - 1).bit_length()
 
 
-def _load(tree: Path) -> types.ModuleType:
+def load_ops(tree: Path, **knobs: Any) -> types.ModuleType:
+    """The tree's spec_decode_attn.py, Triton stubbed, with the tree's own KVQuantMode;
+    ``vllm.envs`` answers the row's knobs (``knobs`` overrides their defaults)."""
     path = tree / OPS
     assert path.exists(), f"{OPS} is not in the tree"
     import logging
@@ -42,13 +50,18 @@ def _load(tree: Path) -> types.ModuleType:
         "vllm.logger": make_module("vllm.logger", init_logger=logging.getLogger),
         "vllm.triton_utils": make_module("vllm.triton_utils", triton=_Triton(),
                                          tl=types.SimpleNamespace(constexpr=int)),
+        "vllm.v1.kv_cache_interface": load_kv_cache_interface(tree),
+        "vllm.envs": make_module("vllm.envs", **{
+            "VLLM_SPEC_DECODE_ATTN": False, "VLLM_SPEC_DECODE_ATTN_QMAX": 0,
+            "VLLM_SPEC_ATTN_BLOCK_M": 0, **knobs}),
     }
+    stubs["vllm"] = make_module("vllm", envs=stubs["vllm.envs"])
     return load_module(path, stubs)
 
 
 @pytest.fixture
 def sda(patched_vllm: Path) -> types.ModuleType:
-    return _load(patched_vllm)
+    return load_ops(patched_vllm)
 
 
 def _gate_args(**over: Any) -> dict[str, Any]:
@@ -140,6 +153,7 @@ def _config(max_num_seqs: int, capture: int | None, k: int | None) -> Any:
 
 
 def test_patched_buffers_for_config_and_sharing(sda: types.ModuleType) -> None:
+    assert sda.enabled() is False  # VLLM_SPEC_DECODE_ATTN off: backends allocate nothing
     sda._BUFFERS.clear()
     a = sda.buffers_for_config(_config(256, 64, 7), 24, 32, 4, "cpu")
     assert (a.max_reqs, a.qmax) == (64, sda.query_capacity(7, 6))  # capped by capture size
@@ -151,7 +165,19 @@ def test_patched_buffers_for_config_and_sharing(sda: types.ModuleType) -> None:
     d = sda.buffers_for_config(_config(256, 128, 7), 24, 32, 4, "cpu")
     assert d is not a and d.max_reqs == 128 and a.part_o.numel() > 0
     assert sda.buffers_for_config(_config(16, 16, 7), 24, 32, 4, "cpu") is d
+    assert d.block_m == 0
     sda._BUFFERS.clear()
+
+
+def test_patched_knobs_reach_the_buffers(patched_vllm: Path) -> None:
+    """VLLM_SPEC_DECODE_ATTN_QMAX sizes the buffers; VLLM_SPEC_ATTN_BLOCK_M is kept in them
+    for every launch (and gets a set of its own)."""
+    sda = load_ops(patched_vllm, VLLM_SPEC_DECODE_ATTN=True, VLLM_SPEC_DECODE_ATTN_QMAX=12,
+                   VLLM_SPEC_ATTN_BLOCK_M=64)
+    assert sda.enabled() is True
+    buf = sda.buffers_for_config(_config(4, None, 3), 8, 16, 8, "cpu")
+    assert buf.qmax == sda.query_capacity(3, 1, 12, 64) == 64
+    assert buf.block_m == 64 and buf.max_reqs == 4
 
 
 KNOBS = {
