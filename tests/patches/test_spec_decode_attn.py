@@ -30,13 +30,19 @@ OPS = "v1/attention/ops/spec_decode_attn.py"
 FA = "v1/attention/backends/flash_attn.py"
 
 
+class OutOfResources(Exception):
+    """Stands in for triton.runtime.errors.OutOfResources."""
+
+
 class _Triton(types.ModuleType):
-    """Triton stand-in: @triton.jit leaves the function as it is."""
+    """Triton stand-in: @triton.jit leaves the function as it is; no driver."""
 
     def __init__(self) -> None:
         super().__init__("triton")
         self.jit = lambda fn: fn
         self.next_power_of_2 = lambda n: 1 << max(0, n - 1).bit_length()
+        self.runtime = types.SimpleNamespace(
+            errors=types.SimpleNamespace(OutOfResources=OutOfResources))
 
 
 def load_ops(tree: Path, **knobs: Any) -> types.ModuleType:
