@@ -114,8 +114,10 @@ def lay_out(pack_dir: Path, overlay: str, dest: Path) -> Path:
 
 
 def _pytest(tree: Path, test: Path, extra: list[str], results: Path | None,
-            logs: Path | None, label: str) -> tuple[int, str]:
-    env = {**os.environ, "QWEN38_VLLM_TREE": str(tree), "QWEN38_GPU_REQUIRED": "1"}
+            logs: Path | None, label: str, pristine: Path) -> tuple[int, str]:
+    # QWEN38_VLLM_PRISTINE: the pristine 0.32.0 tree, for tests comparing against it
+    env = {**os.environ, "QWEN38_VLLM_TREE": str(tree), "QWEN38_GPU_REQUIRED": "1",
+           "QWEN38_VLLM_PRISTINE": str(pristine)}
     if results is None:
         env.pop("QWEN38_GPU_RESULTS", None)
     else:
@@ -140,13 +142,17 @@ def run(pack_dir: Path, results: Path | None, extra: list[str]) -> int:
     lines = []
     ok = 0
     with tempfile.TemporaryDirectory(prefix="qwen38-gpucuts-") as tmp:
+        pristine = Path(tmp) / "pristine"
+        with zipfile.ZipFile(pack_dir / "pristine.zip") as zf:
+            zf.extractall(pristine)
         for topic in topics:
             test = _test_file(topic)
             before = lay_out(pack_dir, f"before-{topic}.zip", Path(tmp) / "before")
-            rc_b, sum_b = _pytest(before, test, extra, None, results, f"before-{topic}")
+            rc_b, sum_b = _pytest(before, test, extra, None, results, f"before-{topic}",
+                                 pristine)
             through = lay_out(pack_dir, f"through-{topic}.zip", Path(tmp) / "through")
             rc_t, sum_t = _pytest(through, test, extra, results, results,
-                                 f"through-{topic}")
+                                 f"through-{topic}", pristine)
             proven = rc_b == 1 and rc_t == 0
             ok += proven
             lines.append(f"{topic:<34}  before: {sum_b:<28}  through: {sum_t:<28}  "

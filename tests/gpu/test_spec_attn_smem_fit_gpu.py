@@ -51,7 +51,7 @@ def launches(sda, monkeypatch):
 def _case(sda, q_lens, kv_lens, hq, hkv, d):
     gen = torch.Generator(device=DEV).manual_seed(31)
     b = make_batch(q_lens, kv_lens, hq, hkv, d, 16, torch.bfloat16, gen)
-    buf = sda.SpecDecodeAttnBuffers(len(q_lens), hq, d, 32, DEV)
+    buf = sda.SpecDecodeAttnBuffers(len(q_lens), hq, d, max(32, *q_lens), DEV)
     out = torch.full_like(b.q, float("nan"))
     sda.spec_decode_attention(b.q, b.key_cache, b.value_cache, out, b.cu_seqlens_q,
                               b.seq_lens, b.block_table, b.max_q, d ** -0.5, buf)
