@@ -1,6 +1,7 @@
 """int4-kv-per-token-head: TRITON_ATTN's unified_attention hands an INT4_PER_TOKEN_HEAD batch
 with a per-sequence causal tensor (the DFlash2 drafter's) to the packed int4 kernel, with the
-causal flags, instead of asserting "causal only"; the packed launchers take and pass them.
+causal flags, instead of asserting "causal only"; the packed launchers take and pass them; a
+non-causal batch with a sliding window is refused with NotImplementedError.
 
 Runs vLLM's real unified_attention (v1/attention/ops/triton_unified_attention.py, Triton
 stubbed) with unified_attention_int4 replaced by a recorder, and reads the launchers'
@@ -67,9 +68,6 @@ def _check_per_seq(tree: Path) -> None:
     assert seen, "unified_attention_int4 was not called"
     assert seen["use_causal"] is True
     assert seen["per_seq_causal_ptr"] is flags
-    # a sliding-window layer of the drafter takes the same route
-    seen = _call(tree, flags, window=(127, 0))
-    assert seen["per_seq_causal_ptr"] is flags and seen["window_size"] == (127, 0)
     seen = _call(tree, False)
     assert seen["use_causal"] is False and seen["per_seq_causal_ptr"] is None
 
@@ -78,6 +76,13 @@ def test_patched_per_seq_causal_reaches_int4(patched_vllm: Path) -> None:
     _check_per_seq(patched_vllm)
     seen = _call(patched_vllm, True)  # the default: causal, no tensor
     assert seen["use_causal"] is True and seen["per_seq_causal_ptr"] is None
+    # a window stays causal-only: untested non-causal windows are refused, clearly
+    seen = _call(patched_vllm, True, window=(127, 0))
+    assert seen["window_size"] == (127, 0)
+    flags = torch.tensor([1, 0], dtype=torch.int32)
+    for causal in (flags, False):
+        with pytest.raises(NotImplementedError, match="without a sliding window"):
+            _call(patched_vllm, causal, window=(127, 0))
 
 
 def test_pristine_asserts_causal_only(pristine_vllm: Path) -> None:
