@@ -20,21 +20,23 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
-from _common import record, require_cuda
+
+from ._common import record, require_cuda
 
 pytestmark = pytest.mark.gpu
 torch = require_cuda()
 
-import vllm_tree  # noqa: E402
-from attn_ref import make_batch, max_err, rel  # noqa: E402
+from . import vllm_tree  # noqa: E402
+from .attn_ref import make_batch, max_err, rel  # noqa: E402
 
 DEV = "cuda"
 LINES: list[str] = []
 
 
-def _load():
+def _load() -> Any:
     ua = vllm_tree.load("vllm.v1.attention.ops.triton_unified_attention")
     i4 = vllm_tree.load("vllm.v1.attention.ops.int4_per_token_head")
     mode = vllm_tree.load("vllm.v1.kv_cache_interface").KVQuantMode
@@ -42,12 +44,12 @@ def _load():
 
 
 @pytest.fixture(scope="module")
-def mods():
+def mods() -> Any:
     vllm_tree.install()
     return _load()
 
 
-def int4_cache(i4, b):
+def int4_cache(i4: Any, b: Any) -> Any:
     """Write the batch's bf16 K/V with reshape_and_cache_int4 into 0.32.0's layout."""
     nb, page, hkv, d = b.key_cache.shape
     half = d // 2 + 4
@@ -71,7 +73,7 @@ def int4_cache(i4, b):
     return key, value, ks, vs
 
 
-def _attn(ua, mode, b, causal, window=(-1, -1), int4=None):
+def _attn(ua: Any, mode: Any, b: Any, causal: Any, window: Any=(-1, -1), int4: Any=None) -> Any:
     out = torch.full_like(b.q, float("nan"))
     kw = dict(q=b.q, out=out, cu_seqlens_q=b.cu_seqlens_q, max_seqlen_q=b.max_q,
               seqused_k=b.seq_lens, max_seqlen_k=b.max_kv, softmax_scale=b.q.shape[-1] ** -0.5,
@@ -89,7 +91,7 @@ def _attn(ua, mode, b, causal, window=(-1, -1), int4=None):
     return out
 
 
-def _rows(b, r):
+def _rows(b: Any, r: Any) -> Any:
     s = int(b.cu_seqlens_q[r])
     return slice(s, s + b.q_lens[r])
 
@@ -103,7 +105,7 @@ CASES = [
 ]
 
 
-def test_windowed_non_causal_refused(mods) -> None:
+def test_windowed_non_causal_refused(mods: Any) -> None:
     """Until a GPU comparison backs it, a sliding window with non-causal rows is refused."""
     ua, i4, mode = mods
     gen = torch.Generator(device=DEV).manual_seed(5)
@@ -114,7 +116,7 @@ def test_windowed_non_causal_refused(mods) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"c{i}" for i in range(len(CASES))])
-def test_per_sequence_causal_against_core(mods, case) -> None:
+def test_per_sequence_causal_against_core(mods: Any, case: Any) -> None:
     ua, i4, mode = mods
     q_lens, kv_lens, flags, hq, hkv, d, window = case
     gen = torch.Generator(device=DEV).manual_seed(300 + len(LINES))
@@ -144,7 +146,7 @@ def test_per_sequence_causal_against_core(mods, case) -> None:
                  f"{', '.join(f'{x:.2e}' for x in diffs)} |")
 
 
-def _pristine_outputs(cases) -> list:
+def _pristine_outputs(cases: Any) -> list[Any]:
     tree = os.environ.get("QWEN38_VLLM_PRISTINE")
     if not tree:
         pytest.skip("QWEN38_VLLM_PRISTINE (the pristine tree) is not set")
@@ -156,7 +158,7 @@ def _pristine_outputs(cases) -> list:
         vllm_tree.install()
 
 
-def test_causal_bitwise_as_pristine(mods) -> None:
+def test_causal_bitwise_as_pristine(mods: Any) -> None:
     ua, i4, mode = mods
     gen = torch.Generator(device=DEV).manual_seed(77)
     cases = [(make_batch([8, 3], [3000, 500], 16, 4, 128, 16, torch.bfloat16, gen), (-1, -1)),

@@ -9,32 +9,35 @@ the tree cut before the patch there is no memo: the tests fail.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from _common import record, require_cuda
+
+from ._common import record, require_cuda
 
 pytestmark = pytest.mark.gpu
 torch = require_cuda()
 
-import vllm_tree  # noqa: E402
-from attn_ref import make_batch, max_err, reference, rel  # noqa: E402
+from . import vllm_tree  # noqa: E402
+from .attn_ref import make_batch, max_err, reference, rel  # noqa: E402
 
 DEV = "cuda"
 LINES: list[str] = []
 
 
 @pytest.fixture(scope="module")
-def sda():
+def sda() -> Any:
     vllm_tree.install()
     return vllm_tree.load("vllm.v1.attention.ops.spec_decode_attn")
 
 
 @pytest.fixture
-def launches(sda, monkeypatch):
+def launches(sda: Any, monkeypatch: Any) -> Any:
     """Records (tile, outcome, compiled shared memory) of every partial-kernel launch."""
     seen: list[tuple[int, str, int | None]] = []
     real = sda._launch_partial
 
-    def counting(grid, tile, plan, args, consts):
+    def counting(grid: Any, tile: Any, plan: Any, args: Any, consts: Any) -> Any:
         try:
             kernel = real(grid, tile, plan, args, consts)
         except Exception as exc:
@@ -48,7 +51,7 @@ def launches(sda, monkeypatch):
     return seen
 
 
-def _case(sda, q_lens, kv_lens, hq, hkv, d):
+def _case(sda: Any, q_lens: Any, kv_lens: Any, hq: Any, hkv: Any, d: Any) -> Any:
     gen = torch.Generator(device=DEV).manual_seed(31)
     b = make_batch(q_lens, kv_lens, hq, hkv, d, 16, torch.bfloat16, gen)
     buf = sda.SpecDecodeAttnBuffers(len(q_lens), hq, d, max(32, *q_lens), DEV)
@@ -59,7 +62,7 @@ def _case(sda, q_lens, kv_lens, hq, hkv, d):
     return out, ref
 
 
-def test_genuine_out_of_resources_halves(sda, launches) -> None:
+def test_genuine_out_of_resources_halves(sda: Any, launches: Any) -> None:
     # D 256 with a 128-row query tile (q 32, G 4): a 512-key tile needs
     # (128 + 2 x 512) x 256 x 2 B = 576 KB against 227 KB per block on Hopper
     limit = sda._max_shared_memory(torch.device(DEV))
@@ -83,7 +86,7 @@ def test_genuine_out_of_resources_halves(sda, launches) -> None:
 
 @pytest.mark.parametrize("shape", [(32, 16, 4, 256), (8, 24, 4, 256), (16, 16, 4, 128),
                                    (64, 8, 1, 128)])
-def test_default_tiles_launch_without_retry(sda, launches, shape) -> None:
+def test_default_tiles_launch_without_retry(sda: Any, launches: Any, shape: Any) -> None:
     q, hq, hkv, d = shape
     sda._TILE_MEMO.clear()
     out, ref = _case(sda, [q], [3000], hq, hkv, d)

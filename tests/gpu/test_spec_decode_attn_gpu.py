@@ -10,27 +10,30 @@ every test fails (the module is missing): that is the series-cut proof.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from _common import record, require_cuda
+
+from ._common import record, require_cuda
 
 pytestmark = pytest.mark.gpu
 torch = require_cuda()
 
-import vllm_tree  # noqa: E402
-from attn_ref import make_batch, max_err, reference, rel  # noqa: E402
+from . import vllm_tree  # noqa: E402
+from .attn_ref import make_batch, max_err, reference, rel  # noqa: E402
 
 DEV = "cuda"
 
 
 @pytest.fixture(scope="module")
-def mods() -> tuple:
+def mods() -> tuple[Any, ...]:
     vllm_tree.install()
     sda = vllm_tree.load("vllm.v1.attention.ops.spec_decode_attn")
     ua = vllm_tree.load("vllm.v1.attention.ops.triton_unified_attention")
     return sda, ua
 
 
-def _ours(sda, b, scale: float, buf=None, block_m: int = 0) -> torch.Tensor:
+def _ours(sda: Any, b: Any, scale: float, buf: Any=None, block_m: int = 0) -> Any:
     hq, d = b.q.shape[1], b.q.shape[2]
     if buf is None:
         buf = sda.SpecDecodeAttnBuffers(len(b.q_lens), hq, d, max(16, b.max_q), DEV)
@@ -40,7 +43,7 @@ def _ours(sda, b, scale: float, buf=None, block_m: int = 0) -> torch.Tensor:
     return out
 
 
-def _stock(ua, b, scale: float) -> torch.Tensor:
+def _stock(ua: Any, b: Any, scale: float) -> Any:
     out = torch.full_like(b.q, float("nan"))
     ones = torch.ones((len(b.q_lens), b.key_cache.shape[2]), device=DEV)
     ua.unified_attention(
@@ -70,7 +73,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"c{i}" for i in range(len(CASES))])
-def test_against_reference_and_stock(mods, case) -> None:
+def test_against_reference_and_stock(mods: Any, case: Any) -> None:
     sda, ua = mods
     q_lens, kv_lens, hq, hkv, d, page, high = case
     gen = torch.Generator(device=DEV).manual_seed(len(RESULTS) + 11)
@@ -91,7 +94,7 @@ def test_against_reference_and_stock(mods, case) -> None:
     assert e_ours <= 1.5 * e_stock + ulp, (e_ours, e_stock)
 
 
-def test_block_m_override(mods) -> None:
+def test_block_m_override(mods: Any) -> None:
     """VLLM_SPEC_ATTN_BLOCK_M's tiles (several query tiles per request) give the same rows."""
     sda, _ = mods
     gen = torch.Generator(device=DEV).manual_seed(5)
@@ -102,7 +105,7 @@ def test_block_m_override(mods) -> None:
         assert max_err(out, ref) <= 2e-2 and rel(out, ref) <= 5e-3, bm
 
 
-def test_cuda_graph_capture(mods) -> None:
+def test_cuda_graph_capture(mods: Any) -> None:
     """Captured at q 8, replayed after new query and KV contents, equals eager; the
     buffers' addresses do not move after a later eager call at q = qmax."""
     sda, _ = mods
@@ -142,8 +145,8 @@ RESULTS: list[str] = []
 PERF: list[str] = []
 
 
-def _time_pair(sda, ua, shape: tuple[int, int, int], kv: int, q: int,
-               gen) -> tuple[float, float]:
+def _time_pair(sda: Any, ua: Any, shape: tuple[int, int, int], kv: int, q: int,
+               gen: Any) -> tuple[float, float]:
     """us per call of (split-KV, stock 2D) on one request of q tokens over kv keys."""
     import triton
 
@@ -169,7 +172,7 @@ def _time_pair(sda, ua, shape: tuple[int, int, int], kv: int, q: int,
 
 
 @pytest.mark.parametrize("shape", [(24, 4, 256), (16, 4, 128)], ids=["24-4-256", "16-4-128"])
-def test_speed_vs_stock(mods, shape) -> None:
+def test_speed_vs_stock(mods: Any, shape: Any) -> None:
     """us per layer call, batch 1, vs stock unified_attention (2D) on the same inputs."""
     sda, ua = mods
     gen = torch.Generator(device=DEV).manual_seed(3)

@@ -12,21 +12,23 @@ no scale caches: every kernel test fails.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
-from _common import record, require_cuda
+
+from ._common import record, require_cuda
 
 pytestmark = pytest.mark.gpu
 torch = require_cuda()
 
-import vllm_tree  # noqa: E402
-from attn_ref import PagedBatch, make_batch, max_err, reference, rel  # noqa: E402
+from . import vllm_tree  # noqa: E402
+from .attn_ref import PagedBatch, make_batch, max_err, reference, rel  # noqa: E402
 
 DEV = "cuda"
 
 
 @pytest.fixture(scope="module")
-def mods() -> tuple:
+def mods() -> tuple[Any, ...]:
     vllm_tree.install()
     sda = vllm_tree.load("vllm.v1.attention.ops.spec_decode_attn")
     ua = vllm_tree.load("vllm.v1.attention.ops.triton_unified_attention")
@@ -36,11 +38,11 @@ def mods() -> tuple:
 
 @dataclasses.dataclass
 class Int8Cache:
-    raw: torch.Tensor  # [blocks, Hkv, page, 2(D+4)] int8
-    key: torch.Tensor  # [blocks, page, Hkv, D+4] int8 view
-    value: torch.Tensor
-    k_scale: torch.Tensor  # [blocks, page, Hkv] fp32 view into raw
-    v_scale: torch.Tensor
+    raw: Any  # [blocks, Hkv, page, 2(D+4)] int8
+    key: Any  # [blocks, page, Hkv, D+4] int8 view
+    value: Any
+    k_scale: Any  # [blocks, page, Hkv] fp32 view into raw
+    v_scale: Any
     deq: PagedBatch  # the same batch over the dequantised fp32 cache
 
 
@@ -70,7 +72,7 @@ def to_int8_pth(b: PagedBatch) -> Int8Cache:
                      dataclasses.replace(b, key_cache=deq[0], value_cache=deq[1]))
 
 
-def _ours(sda, b: PagedBatch, c: Int8Cache, scale: float, buf=None) -> torch.Tensor:
+def _ours(sda: Any, b: PagedBatch, c: Int8Cache, scale: float, buf: Any=None) -> Any:
     hq, d = b.q.shape[1], b.q.shape[2]
     buf = buf or sda.SpecDecodeAttnBuffers(len(b.q_lens), hq, d, max(16, b.max_q), DEV)
     out = torch.full_like(b.q, float("nan"))
@@ -80,7 +82,7 @@ def _ours(sda, b: PagedBatch, c: Int8Cache, scale: float, buf=None) -> torch.Ten
     return out
 
 
-def _stock(ua, mode, b: PagedBatch, c: Int8Cache, scale: float) -> torch.Tensor:
+def _stock(ua: Any, mode: Any, b: PagedBatch, c: Int8Cache, scale: float) -> Any:
     out = torch.full_like(b.q, float("nan"))
     ua.unified_attention(
         q=b.q, k=c.key, v=c.value, out=out, cu_seqlens_q=b.cu_seqlens_q,
@@ -108,7 +110,7 @@ PERF: list[str] = []
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"c{i}" for i in range(len(CASES))])
-def test_against_dequantised_reference_and_stock(mods, case) -> None:
+def test_against_dequantised_reference_and_stock(mods: Any, case: Any) -> None:
     sda, ua, mode = mods
     q_lens, kv_lens, hq, hkv, d, page = case
     gen = torch.Generator(device=DEV).manual_seed(100 + len(RESULTS))
@@ -132,7 +134,7 @@ def test_against_dequantised_reference_and_stock(mods, case) -> None:
     assert e_ours <= 1.5 * e_stock + ulp, (e_ours, e_stock)
 
 
-def test_scales_are_read(mods) -> None:
+def test_scales_are_read(mods: Any) -> None:
     """Doubling every K scale and halving every V scale changes the output (the kernel reads
     the inline scales, not a constant), and it follows the reference on the changed cache."""
     sda, _, _ = mods
@@ -150,7 +152,7 @@ def test_scales_are_read(mods) -> None:
     assert rel(after, ref) <= 1e-2
 
 
-def _time_pair(sda, ua, mode, shape, kv: int, q: int, gen) -> tuple[float, float]:
+def _time_pair(sda: Any, ua: Any, mode: Any, shape: Any, kv: int, q: int, gen: Any) -> tuple[float, float]:
     import triton
 
     hq, hkv, d = shape
@@ -178,7 +180,7 @@ def _time_pair(sda, ua, mode, shape, kv: int, q: int, gen) -> tuple[float, float
 
 
 @pytest.mark.parametrize("shape", [(24, 4, 256), (16, 4, 128)], ids=["24-4-256", "16-4-128"])
-def test_speed_vs_stock(mods, shape) -> None:
+def test_speed_vs_stock(mods: Any, shape: Any) -> None:
     sda, ua, mode = mods
     gen = torch.Generator(device=DEV).manual_seed(4)
     for kv in (25000, 131072):

@@ -13,22 +13,24 @@ shape. On the tree cut before the patch the kernel takes no descales: the kernel
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
-from _common import record, require_cuda
+
+from ._common import record, require_cuda
 
 pytestmark = pytest.mark.gpu
 torch = require_cuda()
 
-import vllm_tree  # noqa: E402
-from attn_ref import PagedBatch, make_batch, max_err, reference, rel  # noqa: E402
+from . import vllm_tree  # noqa: E402
+from .attn_ref import PagedBatch, make_batch, max_err, reference, rel  # noqa: E402
 
 DEV = "cuda"
 FP8 = torch.float8_e4m3fn
 
 
 @pytest.fixture(scope="module")
-def mods() -> tuple:
+def mods() -> tuple[Any, ...]:
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("the fp8 KV cache needs sm89+")
     vllm_tree.install()
@@ -41,10 +43,10 @@ def mods() -> tuple:
 @dataclasses.dataclass
 class Fp8Case:
     b: PagedBatch  # the bf16 batch (its query is the bf16 one)
-    key: torch.Tensor  # fp8 views [blocks, page, Hkv, D]
-    value: torch.Tensor
-    k_descale: torch.Tensor  # [1] fp32
-    v_descale: torch.Tensor
+    key: Any  # fp8 views [blocks, page, Hkv, D]
+    value: Any
+    k_descale: Any  # [1] fp32
+    v_descale: Any
     deq: PagedBatch  # fp32 dequantised cache (reference)
     deq16: PagedBatch  # the same values in bf16 (the bf16 kernel's input)
 
@@ -67,13 +69,13 @@ def to_fp8(b: PagedBatch, s_k: float, s_v: float) -> Fp8Case:
                    dataclasses.replace(b, kv_cache=raw16, key_cache=k16, value_cache=v16))
 
 
-def _buf(sda, b: PagedBatch):
+def _buf(sda: Any, b: PagedBatch) -> Any:
     return sda.SpecDecodeAttnBuffers(len(b.q_lens), b.q.shape[1], b.q.shape[2],
                                      max(16, b.max_q), DEV)
 
 
-def _ours(sda, c: Fp8Case, q: torch.Tensor, scale: float, q_descale=None,
-          k_descale=None) -> torch.Tensor:
+def _ours(sda: Any, c: Fp8Case, q: Any, scale: float, q_descale: Any=None,
+          k_descale: Any=None) -> Any:
     b = c.b
     out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device=DEV)
     sda.spec_decode_attention(q, c.key, c.value, out, b.cu_seqlens_q, b.seq_lens,
@@ -84,7 +86,7 @@ def _ours(sda, c: Fp8Case, q: torch.Tensor, scale: float, q_descale=None,
     return out
 
 
-def _bf16(sda, c: Fp8Case, q: torch.Tensor, scale: float) -> torch.Tensor:
+def _bf16(sda: Any, c: Fp8Case, q: Any, scale: float) -> Any:
     b = c.deq16
     out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device=DEV)
     sda.spec_decode_attention(q, b.key_cache, b.value_cache, out, b.cu_seqlens_q,
@@ -92,7 +94,7 @@ def _bf16(sda, c: Fp8Case, q: torch.Tensor, scale: float) -> torch.Tensor:
     return out
 
 
-def _stock(ua, mode, c: Fp8Case, q: torch.Tensor, scale: float, q_descale=None):
+def _stock(ua: Any, mode: Any, c: Fp8Case, q: Any, scale: float, q_descale: Any=None) -> Any:
     b = c.b
     shape = (len(b.q_lens), b.key_cache.shape[2])
     out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device=DEV)
@@ -117,7 +119,7 @@ PERF: list[str] = []
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"c{i}" for i in range(len(CASES))])
-def test_against_dequantised_reference(mods, case) -> None:
+def test_against_dequantised_reference(mods: Any, case: Any) -> None:
     sda, ua, mode = mods
     q_lens, kv_lens, hq, hkv, d, page = case
     gen = torch.Generator(device=DEV).manual_seed(200 + len(RESULTS))
@@ -155,7 +157,7 @@ def test_against_dequantised_reference(mods, case) -> None:
                    f"{e_wrong:.2e} |")
 
 
-def _time3(sda, ua, mode, shape, kv: int, q: int, gen) -> tuple[float, float, float]:
+def _time3(sda: Any, ua: Any, mode: Any, shape: Any, kv: int, q: int, gen: Any) -> tuple[float, float, float]:
     import triton
 
     hq, hkv, d = shape
@@ -183,12 +185,13 @@ def _time3(sda, ua, mode, shape, kv: int, q: int, gen) -> tuple[float, float, fl
             q_descale=None, k_descale=desc[0], v_descale=desc[1],
             kv_quant_mode=mode.FP8_PER_TENSOR)
 
-    return tuple(triton.testing.do_bench(f, warmup=25, rep=100) * 1e3
-                 for f in (fp8, bf16, stock))  # type: ignore[return-value]
+    t8, t16, ts = (float(triton.testing.do_bench(f, warmup=25, rep=100)) * 1e3
+                   for f in (fp8, bf16, stock))
+    return t8, t16, ts
 
 
 @pytest.mark.parametrize("shape", [(24, 4, 256), (16, 4, 128)], ids=["24-4-256", "16-4-128"])
-def test_speed(mods, shape) -> None:
+def test_speed(mods: Any, shape: Any) -> None:
     sda, ua, mode = mods
     gen = torch.Generator(device=DEV).manual_seed(6)
     for kv, q in ((90000, 8), (25000, 16)):

@@ -101,15 +101,16 @@ class _Platform:
 
     def is_device_capability(self, cap: Any) -> bool:
         c = self.get_device_capability()
-        return c.major * 10 + c.minor == (cap if isinstance(cap, int) else cap[0] * 10 + cap[1])
+        return bool(c.major * 10 + c.minor == (cap if isinstance(cap, int)
+                                               else cap[0] * 10 + cap[1]))
 
     def is_device_capability_family(self, cap: int) -> bool:
-        return self.get_device_capability().major * 10 == cap
+        return bool(self.get_device_capability().major * 10 == cap)
 
     def has_device_capability(self, cap: Any) -> bool:
         c = self.get_device_capability()
         want = cap if isinstance(cap, int) else cap[0] * 10 + cap[1]
-        return c.major * 10 + c.minor >= want
+        return bool(c.major * 10 + c.minor >= want)
 
     def num_compute_units(self, device_id: int = 0) -> int:
         import torch
@@ -140,13 +141,14 @@ def _kv_quant_mode(tree: Path) -> type:
         if isinstance(node, ast.ClassDef) and node.name == "KVQuantMode":
             ns: dict[str, Any] = {"enum": enum, "IntEnum": enum.IntEnum, "Enum": enum.Enum}
             exec(compile(ast.Module([node], []), "kv_cache_interface.py", "exec"), ns)
-            return ns["KVQuantMode"]
+            mode: type = ns["KVQuantMode"]
+            return mode
     raise LookupError("KVQuantMode not found in kv_cache_interface.py")
 
 
 def _namespace(name: str, path: Path | None) -> types.ModuleType:
     mod = types.ModuleType(name)
-    mod.__path__ = [str(path)] if path is not None else []  # type: ignore[attr-defined]
+    mod.__path__ = [str(path)] if path is not None else []
     sys.modules[name] = mod
     return mod
 

@@ -86,7 +86,7 @@ def test_patched_gate_truth_table(sda: types.ModuleType) -> None:
     assert gate(buf, **_gate_args()) is True
     assert gate(buf, **_gate_args(sliding_window=None)) is True
     assert gate(buf, **_gate_args(max_query_len=16)) is True  # q == qmax
-    excluded = {
+    excluded: dict[str, tuple[Any, dict[str, Any]]] = {
         "knob off / layer without buffers": (None, {}),
         "decode (q 1)": (buf, {"max_query_len": 1}),
         "q above qmax": (buf, {"max_query_len": 17}),
