@@ -1,0 +1,198 @@
+"""The GPU twin of series_cuts.py: each GPU test fails with the series cut before its patch
+and passes through it, on a GPU machine that has neither the store nor vLLM's compiled ops.
+
+    # where the store is (the engine builds the recipe; a store hit when nothing changed):
+    .venv/bin/python bench/gpu_series_cuts.py pack DIR [TOPIC ...]
+    # on the GPU machine, DIR carried there:
+    python bench/gpu_series_cuts.py run DIR [--results RESULTS] [-- PYTEST ARGS]
+    python bench/gpu_series_cuts.py tree DIR DEST      # the full series' tree, for tests/gpu
+
+``pack`` writes ``pristine.zip`` (every ``.py`` of the locked 0.32.0 wheel, ~11 MB) and, per
+cut, an overlay zip of the files the series touched up to that point, as the series leaves
+them (GNU patch at fuzz 0, as the build applies them): ``full.zip`` (the whole series, the
+tree `nox -s gpu_tests` and tests/gpu load through ``QWEN38_VLLM_TREE``) and, for each named
+topic, ``before-TOPIC.zip`` and ``through-TOPIC.zip``. ``run`` lays each cut out as a folder
+(pristine + overlay; a file the overlay marks deleted is removed) and runs
+``tests/gpu/test_<topic>_gpu.py`` against it: it must fail before and pass through. One line
+per topic, like series_cuts.py; ``--results`` also writes them to ``series_cuts_gpu.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DELETED = "__deleted__.json"
+
+
+def _test_file(topic: str) -> Path:
+    return REPO / "tests" / "gpu" / f"test_{re.sub(r'[^0-9a-zA-Z]', '_', topic)}_gpu.py"
+
+
+def _snapshot(tree: Path, touched: set[str], dest: Path) -> None:
+    """Overlay zip: the touched files as they stand in ``tree`` (absent ones listed)."""
+    gone = []
+    with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as zf:
+        for rel in sorted(touched):
+            path = tree / rel
+            if path.is_file():
+                zf.write(path, f"vllm/{rel}")
+            else:
+                gone.append(rel)
+        zf.writestr(DELETED, json.dumps(gone))
+
+
+def _touched(patch: Path) -> set[str]:
+    names = set()
+    for line in patch.read_text().splitlines():
+        m = re.match(r"^diff --git a/(\S+) b/(\S+)$", line)
+        if m:
+            names.update(m.groups())
+    return names
+
+
+def pack(out: Path, topics: list[str]) -> int:
+    sys.path.insert(0, str(REPO))
+    from tests.patches.conftest import PATCHES_DIR, SERIES, built_wheels
+
+    unknown = sorted(set(topics) - set(SERIES))
+    if unknown:
+        print(f"not in the recipe's patches/ group: {', '.join(unknown)}")
+        return 1
+    _, pristine_wheel, _ = built_wheels()
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="qwen38-gpucuts-") as tmp:
+        tree = Path(tmp) / "vllm"
+        with zipfile.ZipFile(pristine_wheel) as src, \
+                zipfile.ZipFile(out / "pristine.zip", "w", zipfile.ZIP_DEFLATED) as dst:
+            for name in src.namelist():
+                if name.startswith("vllm/") and name.endswith(".py"):
+                    data = src.read(name)
+                    dst.writestr(name, data)
+                    (Path(tmp) / name).parent.mkdir(parents=True, exist_ok=True)
+                    (Path(tmp) / name).write_bytes(data)
+        touched: set[str] = set()
+        for topic in SERIES:
+            patch = PATCHES_DIR / f"{topic}.patch"
+            touched |= _touched(patch)
+            if topic in topics:
+                _snapshot(tree, touched, out / f"before-{topic}.zip")
+            subprocess.run(["patch", "-p1", "--fuzz", "0", "--forward", "--batch", "--quiet",
+                            "-i", str(patch)], cwd=tree, check=True, capture_output=True)
+            if topic in topics:
+                _snapshot(tree, touched, out / f"through-{topic}.zip")
+        _snapshot(tree, touched, out / "full.zip")
+    (out / "topics.json").write_text(json.dumps(topics))
+    for f in sorted(out.iterdir()):
+        print(f"{f.name}: {f.stat().st_size / 2**20:.1f} MiB")
+    return 0
+
+
+def lay_out(pack_dir: Path, overlay: str, dest: Path) -> Path:
+    """pristine.zip + the overlay as a folder holding ``vllm/``."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    with zipfile.ZipFile(pack_dir / "pristine.zip") as zf:
+        zf.extractall(dest)
+    with zipfile.ZipFile(pack_dir / overlay) as zf:
+        for name in zf.namelist():
+            if name != DELETED:
+                zf.extract(name, dest)
+        for rel in json.loads(zf.read(DELETED)):
+            (dest / "vllm" / rel).unlink(missing_ok=True)
+    return dest
+
+
+def _pytest(tree: Path, test: Path, extra: list[str], results: Path | None,
+            logs: Path | None, label: str, pristine: Path) -> tuple[int, str]:
+    # QWEN38_VLLM_PRISTINE: the pristine 0.32.0 tree, for tests comparing against it
+    env = {**os.environ, "QWEN38_VLLM_TREE": str(tree), "QWEN38_GPU_REQUIRED": "1",
+           "QWEN38_VLLM_PRISTINE": str(pristine)}
+    if results is None:
+        env.pop("QWEN38_GPU_RESULTS", None)
+    else:
+        env["QWEN38_GPU_RESULTS"] = str(results)
+    # -W default: vLLM's own modules warn under this torch; shown, not turned into errors
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-m", "gpu", "-W",
+                           "default", "-p", "no:cacheprovider", str(test), *extra],
+                          cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    if logs is not None:
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / f"pytest-{label}.log").write_text(proc.stdout + proc.stderr)
+    lines = [ln for ln in proc.stdout.splitlines()
+             if re.search(r"\d+ (passed|failed|error)", ln)]
+    summary = re.sub(r" in [0-9.]+s.*$", "", lines[-1].strip("= ")) if lines else "no result"
+    if proc.returncode not in (0, 1):
+        sys.stdout.write(proc.stdout[-3000:] + proc.stderr[-2000:])
+    return proc.returncode, summary
+
+
+def run(pack_dir: Path, results: Path | None, extra: list[str]) -> int:
+    topics = json.loads((pack_dir / "topics.json").read_text())
+    lines = []
+    ok = 0
+    with tempfile.TemporaryDirectory(prefix="qwen38-gpucuts-") as tmp:
+        pristine = Path(tmp) / "pristine"
+        with zipfile.ZipFile(pack_dir / "pristine.zip") as zf:
+            zf.extractall(pristine)
+        for topic in topics:
+            test = _test_file(topic)
+            before = lay_out(pack_dir, f"before-{topic}.zip", Path(tmp) / "before")
+            rc_b, sum_b = _pytest(before, test, extra, None, results, f"before-{topic}",
+                                 pristine)
+            through = lay_out(pack_dir, f"through-{topic}.zip", Path(tmp) / "through")
+            rc_t, sum_t = _pytest(through, test, extra, results, results,
+                                 f"through-{topic}", pristine)
+            proven = rc_b == 1 and rc_t == 0
+            ok += proven
+            lines.append(f"{topic:<34}  before: {sum_b:<28}  through: {sum_t:<28}  "
+                         f"{'ok' if proven else 'NOT PROVEN'}")
+            print(lines[-1], flush=True)
+    lines.append(f"{ok} of {len(topics)} patches: the GPU test fails before the patch and "
+                 "passes through it")
+    print(lines[-1])
+    if results is not None:
+        import torch
+
+        card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+        head = f"# GPU series cuts, {card}, {datetime.date.today().isoformat()}\n"
+        results.mkdir(parents=True, exist_ok=True)
+        (results / "series_cuts_gpu.txt").write_text(head + "\n".join(lines) + "\n")
+    return 0 if ok == len(topics) else 1
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="verb", required=True)
+    p = sub.add_parser("pack")
+    p.add_argument("out", type=Path)
+    p.add_argument("topics", nargs="*")
+    r = sub.add_parser("run")
+    r.add_argument("pack", type=Path)
+    r.add_argument("--results", type=Path)
+    r.add_argument("pytest_args", nargs="*")
+    t = sub.add_parser("tree")
+    t.add_argument("pack", type=Path)
+    t.add_argument("dest", type=Path)
+    args = parser.parse_args(argv)
+    if args.verb == "pack":
+        return pack(args.out, args.topics)
+    if args.verb == "run":
+        return run(args.pack, args.results, args.pytest_args)
+    lay_out(args.pack, "full.zip", args.dest)
+    print(args.dest)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,106 @@
+"""Paged-cache builders and an fp32 torch reference for the attention GPU tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class PagedBatch:
+    """A multi-query batch over a paged cache in vLLM's FLASH_ATTN layout."""
+
+    q: torch.Tensor  # [tokens, Hq, D]
+    kv_cache: torch.Tensor  # [num_blocks, Hkv, page, 2D], FLASH_ATTN's raw layout
+    key_cache: torch.Tensor  # view [num_blocks, page, Hkv, D]
+    value_cache: torch.Tensor  # view [num_blocks, page, Hkv, D]
+    cu_seqlens_q: torch.Tensor  # [reqs + 1] int32
+    seq_lens: torch.Tensor  # [reqs] int32
+    block_table: torch.Tensor  # [reqs, max_blocks] int32
+    q_lens: list[int]
+    kv_lens: list[int]
+
+    @property
+    def max_q(self) -> int:
+        return max(self.q_lens)
+
+    @property
+    def max_kv(self) -> int:
+        return max(self.kv_lens)
+
+
+def make_batch(q_lens: list[int], kv_lens: list[int], hq: int, hkv: int, d: int, page: int,
+               dtype: torch.dtype, gen: torch.Generator, extra_blocks: int = 0,
+               high_block: int | None = None, device: str = "cuda") -> PagedBatch:
+    """Random Q and a cache whose blocks are handed out in a random order.
+
+    ``high_block``: the pool has that many blocks and the last request's last block is the
+    pool's last (to place a block id past a 2**31-byte offset)."""
+    need = [-(-n // page) for n in kv_lens]
+    total = sum(need) + extra_blocks
+    nb = max(total, high_block or 0) + 1  # block 0 stays the null block
+    kv_cache = torch.empty((nb, hkv, page, 2 * d), dtype=dtype, device=device)
+    # fill in slabs: a whole 128k pool at once would double its memory in fp32
+    for i in range(0, nb, 4096):
+        sl = kv_cache[i:i + 4096]
+        sl.copy_(torch.randn(sl.shape, generator=gen, device=device, dtype=torch.float32)
+                 .to(dtype))
+    key_cache, value_cache = kv_cache.transpose(1, 2).split(d, dim=-1)  # type: ignore[no-untyped-call]
+    ids = torch.randperm(nb - 1, generator=gen, device=device)[: sum(need)] + 1
+    if high_block is not None:
+        ids[-1] = nb - 1
+    width = max(need)
+    table = torch.zeros((len(q_lens), width), dtype=torch.int32, device=device)
+    at = 0
+    for r, n in enumerate(need):
+        table[r, :n] = ids[at:at + n].to(torch.int32)
+        at += n
+    tokens = sum(q_lens)
+    q = torch.randn((tokens, hq, d), generator=gen, device=device).to(dtype)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32,
+                      device=device)
+    seq = torch.tensor(kv_lens, dtype=torch.int32, device=device)
+    return PagedBatch(q, kv_cache, key_cache, value_cache, cu, seq, table, list(q_lens),
+                      list(kv_lens))
+
+
+def gather(cache: torch.Tensor, table_row: torch.Tensor, n: int) -> torch.Tensor:
+    """[n, Hkv, D] of one request, in position order."""
+    page = cache.shape[1]
+    pos = torch.arange(n, device=cache.device)
+    blk = table_row.long()[pos // page]
+    return cache[blk, pos % page]
+
+
+def reference(b: PagedBatch, scale: float, k_deq: Any = None, v_deq: Any = None) -> torch.Tensor:
+    """fp32 causal attention; query token i of a request sits at position kv_len - q_len + i.
+    ``k_deq``/``v_deq``: callables (request index, n) -> [n, Hkv, D] fp32 replacing the gather
+    (a quantised cache's dequantised values)."""
+    out = torch.empty(b.q.shape, dtype=torch.float32, device=b.q.device)
+    hq = b.q.shape[1]
+    for r, (ql, kl) in enumerate(zip(b.q_lens, b.kv_lens, strict=True)):
+        s0 = int(b.cu_seqlens_q[r])
+        if ql == 0:
+            continue
+        k = k_deq(r, kl) if k_deq else gather(b.key_cache, b.block_table[r], kl).float()
+        v = v_deq(r, kl) if v_deq else gather(b.value_cache, b.block_table[r], kl).float()
+        g = hq // k.shape[1]
+        k = k.repeat_interleave(g, dim=1)
+        v = v.repeat_interleave(g, dim=1)
+        q = b.q[s0:s0 + ql].float()
+        s = torch.einsum("qhd,khd->hqk", q, k) * scale
+        qpos = torch.arange(kl - ql, kl, device=q.device)[:, None]
+        kpos = torch.arange(kl, device=q.device)[None, :]
+        s.masked_fill_((kpos > qpos)[None], float("-inf"))
+        out[s0:s0 + ql] = torch.einsum("hqk,khd->qhd", s.softmax(-1), v)
+    return out
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max())
