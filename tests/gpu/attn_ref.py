@@ -47,7 +47,7 @@ def make_batch(q_lens: list[int], kv_lens: list[int], hq: int, hkv: int, d: int,
         sl = kv_cache[i:i + 4096]
         sl.copy_(torch.randn(sl.shape, generator=gen, device=device, dtype=torch.float32)
                  .to(dtype))
-    key_cache, value_cache = kv_cache.transpose(1, 2).split(d, dim=-1)  # type: ignore[no-untyped-call]
+    key_cache, value_cache = kv_cache.transpose(1, 2).split(d, dim=-1)  # type: ignore[no-untyped-call,unused-ignore]
     ids = torch.randperm(nb - 1, generator=gen, device=device)[: sum(need)] + 1
     if high_block is not None:
         ids[-1] = nb - 1
