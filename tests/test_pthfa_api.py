@@ -100,8 +100,12 @@ def test_quantize_ok_strided_view() -> None:
     ({"v_cache": T((NB, BS, KVH, 64), "torch.int8")}, ValueError, "they must match"),
     ({"k_scale": T((NB, BS), "torch.float32")}, ValueError, "k_scale must have shape"),
     ({"v_scale": T((NB, BS, KVH), "torch.float16")}, ValueError, "v_scale must have dtype"),
-    ({"k_cache": T((NB, BS, KVH, D), "torch.int8", contiguous=False)}, ValueError,
-     "k_cache must be contiguous"),
+    ({"k_cache": T((NB, BS, KVH, D), "torch.int8", contiguous=False,
+                   strides=(BS * KVH * D, D, BS * D, 1))}, ValueError,
+     "k_cache must be contiguous inside each block"),
+    ({"k_cache": T((NB, BS, KVH, D), "torch.int8", contiguous=False,
+                   strides=(BS * KVH * D + 8, KVH * D, D, 1))}, ValueError,
+     "k_cache's block stride"),
     ({"out": T((S, H, D), "torch.float16")}, ValueError, "out has dtype torch.float16"),
     ({"out": T((S, H, D + 1))}, ValueError, "out must have shape"),
 ])
@@ -265,6 +269,30 @@ def test_argument_formats_match_the_kernels(fmt: str, kernel: str) -> None:
     types = {"int": "i", "float": "f", "long": "q"}
     codes = "".join("Q" if "*" in p_ else types[p_.split()[-2]] for p_ in params)
     assert codes == getattr(L, fmt)
+
+
+def test_block_strided_caches() -> None:
+    """Caches that are views into vLLM's pages (each block contiguous inside, blocks a page
+    apart) are taken, and their block strides reach the kernels' arguments; K and V (and
+    their scales) must share their strides."""
+    page = 2 * BS * KVH * D + 8 * BS * KVH  # bytes: K, V, then the two scales' floats
+    kv = {"strides": (page, KVH * D, D, 1), "contiguous": False}
+    sc = {"strides": (page // 4, KVH, 1), "contiguous": False}
+    paged = {"k_cache": T((NB, BS, KVH, D), "torch.int8", **kv),
+             "v_cache": T((NB, BS, KVH, D), "torch.int8", **kv),
+             "k_scale": T((NB, BS, KVH), "torch.float32", **sc),
+             "v_scale": T((NB, BS, KVH), "torch.float32", **sc)}
+    a = V.check_decode(**dec(**paged))
+    assert (a.kv_bstride, a.sc_bstride) == (page, page // 4)
+    c = V.check_decode(**dec())
+    assert (c.kv_bstride, c.sc_bstride) == (BS * KVH * D, BS * KVH)
+    q = V.check_quantize(T((4, KVH, D)), T((4, KVH, D)), *paged.values(),
+                         T((4,), "torch.int64"))
+    assert (q.block_shift, q.kv_bstride, q.sc_bstride) == (4, page, page // 4)
+    with pytest.raises(ValueError, match="v_cache's strides"):
+        V.check_decode(**dec(**{**paged, "v_cache": T((NB, BS, KVH, D), "torch.int8")}))
+    with pytest.raises(ValueError, match="v_scale's strides"):
+        V.check_decode(**dec(**{**paged, "v_scale": T((NB, BS, KVH), "torch.float32")}))
 
 
 def test_plan_buckets(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,7 +24,8 @@ __device__ __forceinline__ void decode_part_impl(
     const int8_t* __restrict__ v_cache, const float* __restrict__ k_scale,
     const float* __restrict__ v_scale, const int* __restrict__ block_tables, int bt_stride,
     const int* __restrict__ seq_lens, float* __restrict__ part_ml, float* __restrict__ part_acc,
-    int num_kv_heads, int block_shift, int part_size, int max_parts, float scale_log2) {
+    int num_kv_heads, int block_shift, int part_size, int max_parts, float scale_log2,
+    long long kv_bstride, long long sc_bstride) {
   constexpr int LPT = D / 16;      // lanes per token row
   constexpr int TPW = 32 / LPT;    // token rows per warp per step
   constexpr int TPI = kWarps * TPW;
@@ -64,7 +65,9 @@ __device__ __forceinline__ void decode_part_impl(
   }
   __syncthreads();
 
-  const long long row_stride = (long long)num_kv_heads;  // rows of D bytes per slot
+  // rows of D bytes per token of a block; blocks are kv_bstride bytes (K, V) and sc_bstride
+  // floats (scales) apart
+  const long long row_stride = (long long)num_kv_heads;
 
   // ---- phase 1: scores
   for (int base = 0; base < n; base += TPI * U) {
@@ -75,10 +78,11 @@ __device__ __forceinline__ void decode_part_impl(
       const int tl = base + u * TPI + warp * TPW + tg;
       if (tl < n) {
         const int t = t0 + tl;
-        const long long slot = ((long long)bt_s[tl >> block_shift] << block_shift) | (t & block_mask);
-        const long long srow = slot * row_stride + kvh;
-        kv[u] = ldg_stream(reinterpret_cast<const int4*>(k_cache + srow * D + sl * 16));
-        ks[u] = __ldg(k_scale + srow);
+        const long long blk = bt_s[tl >> block_shift];
+        const long long in = (long long)(t & block_mask) * row_stride + kvh;
+        kv[u] = ldg_stream(
+            reinterpret_cast<const int4*>(k_cache + blk * kv_bstride + in * D + sl * 16));
+        ks[u] = __ldg(k_scale + blk * sc_bstride + in);
       } else {
         kv[u] = make_int4(0, 0, 0, 0);
         ks[u] = 0.f;
@@ -147,10 +151,11 @@ __device__ __forceinline__ void decode_part_impl(
       const int tl = base + u * TPI + warp * TPW + tg;
       if (tl < n) {
         const int t = t0 + tl;
-        const long long slot = ((long long)bt_s[tl >> block_shift] << block_shift) | (t & block_mask);
-        const long long srow = slot * row_stride + kvh;
-        vv[u] = ldg_stream(reinterpret_cast<const int4*>(v_cache + srow * D + sl * 16));
-        vs[u] = __ldg(v_scale + srow);
+        const long long blk = bt_s[tl >> block_shift];
+        const long long in = (long long)(t & block_mask) * row_stride + kvh;
+        vv[u] = ldg_stream(
+            reinterpret_cast<const int4*>(v_cache + blk * kv_bstride + in * D + sl * 16));
+        vs[u] = __ldg(v_scale + blk * sc_bstride + in);
       } else {
         vv[u] = make_int4(0, 0, 0, 0);
         vs[u] = 0.f;
@@ -321,7 +326,8 @@ __device__ __forceinline__ void decode_mma_impl(
     const int8_t* __restrict__ v_cache, const float* __restrict__ k_scale,
     const float* __restrict__ v_scale, const int* __restrict__ block_tables, int bt_stride,
     const int* __restrict__ seq_lens, float* __restrict__ part_ml, float* __restrict__ part_acc,
-    int num_kv_heads, int G, int block_shift, int part_size, int max_parts, float scale_log2) {
+    int num_kv_heads, int G, int block_shift, int part_size, int max_parts, float scale_log2,
+    long long kv_bstride, long long sc_bstride) {
   using namespace mmak;
   constexpr int KW = D / 16;  // K words per lane per token = k-chunks of 16 dims
   constexpr int VW = D / 32;  // V words per lane per token
@@ -403,34 +409,44 @@ __device__ __forceinline__ void decode_mma_impl(
 #pragma unroll
     for (int s = 0; s < NS; ++s) {
       const int b16 = base + 16 * s;
-      long long rk[2], rv[4];
+      // byte offsets of the K rows (rk) and V rows (rv) in k_cache / v_cache, and the float
+      // offsets of the V rows' tokens in the scales (sv)
+      long long rk[2], rv[4], sv[4];
       if (fast) {
         const int bc = min(b16, last16);
-        const long long row0 =
-            (((long long)bt_s[bc >> block_shift] << block_shift) | ((t0 + bc) & block_mask)) *
-                nkvh + kvh;
-        rk[0] = row0 + g * nkvh;
-        rk[1] = row0 + (8 + g) * nkvh;
+        const long long blk = bt_s[bc >> block_shift];
+        const long long in0 = (long long)((t0 + bc) & block_mask) * nkvh + kvh;
+        const long long k0 = blk * kv_bstride + in0 * D;
+        const long long s0 = blk * sc_bstride + in0;
+        rk[0] = k0 + g * nkvh * D;
+        rk[1] = k0 + (8 + g) * nkvh * D;
 #pragma unroll
-        for (int r = 0; r < 4; ++r) rv[r] = row0 + ((r >> 1) * 8 + 2 * t + (r & 1)) * nkvh;
+        for (int r = 0; r < 4; ++r) {
+          const long long d = ((r >> 1) * 8 + 2 * t + (r & 1)) * nkvh;
+          rv[r] = k0 + d * D;
+          sv[r] = s0 + d;
+        }
       } else {
-        auto row_of = [&](int tl) -> long long {
+        auto at = [&](int tl, long long& so) -> long long {
           const int c = min(tl, n - 1);
-          return (((long long)bt_s[c >> block_shift] << block_shift) | ((t0 + c) & block_mask)) *
-                     nkvh + kvh;
+          const long long blk = bt_s[c >> block_shift];
+          const long long in = (long long)((t0 + c) & block_mask) * nkvh + kvh;
+          so = blk * sc_bstride + in;
+          return blk * kv_bstride + in * D;
         };
-        rk[0] = row_of(b16 + g);
-        rk[1] = row_of(b16 + 8 + g);
+        long long unused;
+        rk[0] = at(b16 + g, unused);
+        rk[1] = at(b16 + 8 + g, unused);
 #pragma unroll
-        for (int r = 0; r < 4; ++r) rv[r] = row_of(b16 + (r >> 1) * 8 + 2 * t + (r & 1));
+        for (int r = 0; r < 4; ++r) rv[r] = at(b16 + (r >> 1) * 8 + 2 * t + (r & 1), sv[r]);
       }
 #pragma unroll
-      for (int j = 0; j < 2; ++j) load_words<KW>(k_cache + rk[j] * D + t * (D / 4), kr[s][j]);
+      for (int j = 0; j < 2; ++j) load_words<KW>(k_cache + rk[j] + t * (D / 4), kr[s][j]);
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        load_words<VW>(v_cache + rv[r] * D + g * (D / 8), vr[s][r]);
-        ks[s][r] = __ldg(k_scale + rv[r]);
-        vs[s][r] = __ldg(v_scale + rv[r]);
+        load_words<VW>(v_cache + rv[r] + g * (D / 8), vr[s][r]);
+        ks[s][r] = __ldg(k_scale + sv[r]);
+        vs[s][r] = __ldg(v_scale + sv[r]);
       }
     }
 
@@ -657,7 +673,7 @@ __device__ __forceinline__ void decode_cp_impl(
     const float* __restrict__ v_scale, const int* __restrict__ block_tables, int bt_stride,
     const int* __restrict__ seq_lens, float* __restrict__ part_ml, float* __restrict__ part_acc,
     T* __restrict__ out, int* __restrict__ counters, int num_kv_heads, int G, int block_shift,
-    int part_size, int max_parts, float scale_log2) {
+    int part_size, int max_parts, float scale_log2, long long kv_bstride, long long sc_bstride) {
   using namespace mmak;
   using L = CpLayout<D>;
   constexpr int KW = D / 16;   // K words per lane per token = k-chunks of 16 dims
@@ -711,33 +727,44 @@ __device__ __forceinline__ void decode_cp_impl(
   char* wring = ring + warp * (S * L::STAGE);
   const uint32_t wring_s = smem_u32(wring);
 
-  // a row's index: [block, offset, kv head] (vLLM's layout); the probes P >= 4 read the
-  // head-major layout [block, kv head, offset] instead, a head's rows of a block contiguous
+  // a row's place: [block, offset, kv head] (vLLM's layout), blocks kv_bstride bytes apart in
+  // k_cache / v_cache and sc_bstride floats apart in the scales; the probes P >= 4 read the
+  // head-major layout [block, kv head, offset] instead, a head's rows of a block contiguous.
+  // row_of returns the row's byte offset in k_cache / v_cache and sets its scale's offset.
   constexpr bool kHeadMajor = P >= 4;
-  auto row_of = [&](int tl) -> long long {
+  auto row_of = [&](int tl, long long& so) -> long long {
     const int c = min(tl, n - 1);
     const long long blk = bt_s[c >> block_shift];
     const int off = (t0 + c) & block_mask;
-    if constexpr (kHeadMajor) return ((blk * nkvh + kvh) << block_shift) | off;
-    return ((blk << block_shift) | off) * nkvh + kvh;
+    long long in;
+    if constexpr (kHeadMajor) {
+      in = ((long long)kvh << block_shift) | off;
+    } else {
+      in = (long long)off * nkvh + kvh;
+    }
+    so = blk * sc_bstride + in;
+    return blk * kv_bstride + in * D;
   };
   const long long rstride = kHeadMajor ? 1 : nkvh;  // between consecutive tokens of a block
   auto issue = [&](int it, int slot) {
     const int b16 = it * 16;
     const uint32_t sb = wring_s + slot * L::STAGE;
-    const long long row0 = fast ? row_of(b16) : 0;
+    long long s0 = 0;
+    const long long k0 = fast ? row_of(b16, s0) : 0;
 #pragma unroll
     for (int k = 0; k < CPL; ++k) {
       const int c = lane + 32 * k;
       const int r = c / CPR;
       const int col = c % CPR;
-      const long long sr = fast ? row0 + r * rstride : row_of(b16 + r);
-      cp_async16(sb + r * L::RS + col * 16, k_cache + sr * D + col * 16);
-      cp_async16(sb + L::VOFF + r * L::RS + col * 16, v_cache + sr * D + col * 16);
+      long long unused;
+      const long long kr = fast ? k0 + r * rstride * D : row_of(b16 + r, unused);
+      cp_async16(sb + r * L::RS + col * 16, k_cache + kr + col * 16);
+      cp_async16(sb + L::VOFF + r * L::RS + col * 16, v_cache + kr + col * 16);
     }
     if constexpr (P != 2) {
       const int r = lane & 15;
-      const long long sr = fast ? row0 + r * rstride : row_of(b16 + r);
+      long long sr = s0 + r * rstride;
+      if (!fast) row_of(b16 + r, sr);
       if (lane < 16) {
         cp_async4(sb + L::SOFF + r * 4, k_scale + sr);
       } else {
@@ -956,10 +983,11 @@ __device__ __forceinline__ void decode_cp_impl(
           const float* __restrict__ v_scale, const int* __restrict__ block_tables,               \
           int bt_stride, const int* __restrict__ seq_lens, float* __restrict__ part_ml,          \
           float* __restrict__ part_acc, int num_kv_heads, int block_shift, int part_size,        \
-          int max_parts, float scale_log2) {                                                     \
+          int max_parts, float scale_log2, long long kv_bstride, long long sc_bstride) {         \
     pthfa::decode_part_impl<T, D, G, 4>(q, k_cache, v_cache, k_scale, v_scale, block_tables,    \
                                         bt_stride, seq_lens, part_ml, part_acc, num_kv_heads,   \
-                                        block_shift, part_size, max_parts, scale_log2);          \
+                                        block_shift, part_size, max_parts, scale_log2,           \
+                                        kv_bstride, sc_bstride);                                 \
   }
 
 #define PTHFA_REDUCE(TN, T, D)                                                                   \
@@ -980,10 +1008,12 @@ __device__ __forceinline__ void decode_cp_impl(
           const float* __restrict__ v_scale, const int* __restrict__ block_tables,               \
           int bt_stride, const int* __restrict__ seq_lens, float* __restrict__ part_ml,          \
           float* __restrict__ part_acc, int num_kv_heads, int gqa, int block_shift,             \
-          int part_size, int max_parts, float scale_log2) {                                      \
+          int part_size, int max_parts, float scale_log2, long long kv_bstride,                 \
+          long long sc_bstride) {                                                                \
     pthfa::decode_mma_impl<T, D, NS>(q, k_cache, v_cache, k_scale, v_scale, block_tables,       \
                                      bt_stride, seq_lens, part_ml, part_acc, num_kv_heads, gqa, \
-                                     block_shift, part_size, max_parts, scale_log2);             \
+                                     block_shift, part_size, max_parts, scale_log2, kv_bstride, \
+                                     sc_bstride);                                                \
   }
 
 #define PTHFA_CP(TN, T, D, S, MINB)                                                              \
@@ -995,11 +1025,11 @@ __device__ __forceinline__ void decode_cp_impl(
           int bt_stride, const int* __restrict__ seq_lens, float* __restrict__ part_ml,          \
           float* __restrict__ part_acc, T* __restrict__ out, int* __restrict__ counters,        \
           int num_kv_heads, int gqa, int block_shift, int part_size, int max_parts,             \
-          float scale_log2) {                                                                    \
+          float scale_log2, long long kv_bstride, long long sc_bstride) {                        \
     pthfa::decode_cp_impl<T, D, S>(q, k_cache, v_cache, k_scale, v_scale, block_tables,         \
                                    bt_stride, seq_lens, part_ml, part_acc, out, counters,       \
                                    num_kv_heads, gqa, block_shift, part_size, max_parts,        \
-                                   scale_log2);                                                  \
+                                   scale_log2, kv_bstride, sc_bstride);                          \
   }
 
 #define PTHFA_ALL_G(TN, T, D) \
@@ -1032,7 +1062,8 @@ PTHFA_ALL_G(fp16, __half, 256)
     pthfa::decode_cp_impl<__nv_bfloat16, 128, 3, P>(                                             \
         q, k_cache, v_cache, k_scale, v_scale, block_tables, bt_stride, seq_lens, part_ml,       \
         part_acc, nullptr, nullptr, num_kv_heads, gqa, block_shift, part_size, max_parts,        \
-        scale_log2);                                                                             \
+        scale_log2, (128LL << block_shift) * num_kv_heads,                                       \
+        (1LL << block_shift) * num_kv_heads);                                                    \
   }
 PTHFA_PROBE(1)
 PTHFA_PROBE(2)

@@ -123,10 +123,12 @@ def _torch() -> _Torch:
 
 # Kernel argument formats, one character per argument (struct's codes, native alignment):
 # Q a device pointer, i int32, q int64, f float32. They must match the kernels' signatures.
-FMT_QUANTIZE = "QQQQQQQiiqqqq"
-FMT_PART = "QQQQQQiQQQiiiif"        # simt: ..., num_kv_heads, block_shift, part, parts, scale
-FMT_MMA = "QQQQQQiQQQiiiiif"        # mma1: ..., num_kv_heads, gqa, block_shift, ...
-FMT_CP = "QQQQQQiQQQQQiiiiif"       # cp3/cp4: ..., part_acc, out, counters, num_kv_heads, ...
+# The partition kernels and quantize end with the caches' block strides (K/V bytes, scale
+# floats).
+FMT_QUANTIZE = "QQQQQQQiiqqqqiqq"
+FMT_PART = "QQQQQQiQQQiiiifqq"      # simt: ..., num_kv_heads, block_shift, part, parts, scale
+FMT_MMA = "QQQQQQiQQQiiiiifqq"      # mma1: ..., num_kv_heads, gqa, block_shift, ...
+FMT_CP = "QQQQQQiQQQQQiiiiifqq"     # cp3/cp4: ..., part_acc, out, counters, num_kv_heads, ...
 FMT_REDUCE = "QQQQiii"
 
 
@@ -505,7 +507,8 @@ def quantize_kv(key: Any, value: Any, k_cache: Any, v_cache: Any, k_scale: Any, 
         kernel = (_kernel(a.device, f"pthfa_quantize_{a.dtype}_d{a.head_dim}", FMT_QUANTIZE)
                   if a.num_tokens else None)
         p = sig.plans[()] = (kernel, (max(1, math.ceil(warps / V.WARPS)), 1, 1),
-                             (a.num_tokens, a.num_kv_heads, *a.key_strides, *a.value_strides),
+                             (a.num_tokens, a.num_kv_heads, *a.key_strides, *a.value_strides,
+                              a.block_shift, a.kv_bstride, a.sc_bstride),
                              {})
     kernel, grid, ints = p[0], p[1], p[2]
     blocks: dict[int, _ArgBlock] = p[3]
@@ -591,13 +594,14 @@ class _DecodePlan:
         if impl == "simt":
             name = f"pthfa_decode_part_{a.dtype}_d{a.head_dim}_g{a.gqa}"
             self.fmt = FMT_PART
-            self.part_ints = (a.num_kv_heads, block_shift, part_size, max_parts, scale_log2)
+            self.part_ints = (a.num_kv_heads, block_shift, part_size, max_parts, scale_log2,
+                              a.kv_bstride, a.sc_bstride)
             self.smem = V.smem_bytes(part_size, a.block_size, a.gqa, a.head_dim)
         else:
             name = f"pthfa_decode_{impl}_{a.dtype}_d{a.head_dim}"
             self.fmt = FMT_CP if impl.startswith("cp") else FMT_MMA
             self.part_ints = (a.num_kv_heads, a.gqa, block_shift, part_size, max_parts,
-                              scale_log2)
+                              scale_log2, a.kv_bstride, a.sc_bstride)
             self.smem = (V.smem_bytes_cp(part_size, a.block_size, a.gqa, a.head_dim,
                                          int(impl[2:]))
                          if impl.startswith("cp") else
