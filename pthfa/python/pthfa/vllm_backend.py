@@ -175,8 +175,11 @@ class PthfaMetadataBuilder(AttentionMetadataBuilder[PthfaMetadata]):
         )
         if num_decodes < num_reqs:
             if num_decode_tokens != num_decodes:
-                raise ValueError(f"{NAME}: the batch is not reordered (decode rows first): "
-                                 f"{num_decodes} decode rows hold {num_decode_tokens} tokens")
+                # a leading row without a token: decode rows would not line up with the
+                # query's rows, so every row takes the prefill path
+                num_decodes = num_decode_tokens = 0
+                meta.num_decodes = meta.num_decode_tokens = 0
+                meta.num_prefills = num_reqs
             meta.prefill_query_start_loc = (
                 m.query_start_loc[num_decodes: num_reqs + 1] - num_decode_tokens)
             meta.prefill_max_query_len = m.max_query_len
