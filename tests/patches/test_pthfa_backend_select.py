@@ -331,7 +331,7 @@ def _check_selection(v: Vllm, ns: SimpleNamespace, tree: Path,
     assert _valid(fn, config)[0] == ["TRITON_ATTN"]
 
 
-def test_pth_fa_selects_pthfa_first(vllm: tuple[Vllm, SimpleNamespace],
+def test_patched_pth_fa_selects_pthfa_first(vllm: tuple[Vllm, SimpleNamespace],
                                     patched_vllm: Path,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     v, ns = vllm
