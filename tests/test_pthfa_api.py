@@ -251,7 +251,7 @@ def test_the_driver_argument_block_holds_each_value_at_its_address() -> None:
 
 @pytest.mark.parametrize("fmt,kernel", [
     ("FMT_QUANTIZE", "quantize"), ("FMT_PART", "part"), ("FMT_MMA", "mma"),
-    ("FMT_CP", "cp"), ("FMT_REDUCE", "reduce")])
+    ("FMT_CP", "cp"), ("FMT_WB", "wb"), ("FMT_REDUCE", "reduce")])
 def test_argument_formats_match_the_kernels(fmt: str, kernel: str) -> None:
     """Each launch format has one code per parameter of its kernel in decode.cu/quantize.cu,
     of the same type: the driver reads exactly these bytes."""
@@ -262,6 +262,7 @@ def test_argument_formats_match_the_kernels(fmt: str, kernel: str) -> None:
                  "part": ("decode.cu", "pthfa_decode_part_##TN##_d##D##_g##G("),
                  "mma": ("decode.cu", "pthfa_decode_mma##NS##SUF##_##TN##_d##D("),
                  "cp": ("decode.cu", "pthfa_decode_cp##S##_##TN##_d##D("),
+                 "wb": ("decode.cu", "pthfa_decode_wb##S##_##TN##_d##D##_h##NW("),
                  "reduce": ("decode.cu", "pthfa_decode_reduce_##TN##_d##D(")}[kernel]
     text = (csrc / src).read_text()
     at = text.index(name) + len(name)
@@ -293,6 +294,37 @@ def test_block_strided_caches() -> None:
         V.check_decode(**dec(**{**paged, "v_cache": T((NB, BS, KVH, D), "torch.int8")}))
     with pytest.raises(ValueError, match="v_scale's strides"):
         V.check_decode(**dec(**{**paged, "v_scale": T((NB, BS, KVH), "torch.float32")}))
+
+
+def test_whole_block_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """$PTHFA_IMPL=wb: one CTA of 8 warps per (partition, sequence), partitions as short as
+    one wave of CTAs allows, its shared memory; shapes it is not built for take cp3."""
+    from pthfa import _launch as L
+
+    monkeypatch.setattr(L, "_kernel", lambda dev, name, fmt, smem=0: (dev, name, fmt, smem))
+    monkeypatch.setattr(L, "_num_sms", lambda dev: 132)
+    monkeypatch.setenv("PTHFA_IMPL", "wb")
+    L.reload_env()
+    try:
+        assert V.choose_part_size_wb(64, 8192, 16, 132) == 4096
+        assert V.choose_part_size_wb(8, 8192, 16, 132) == 512
+        assert V.choose_part_size_wb(1, 1024, 16, 132) == 16
+        kvh8 = {"query": T((S, 32, D)), "k_cache": T((NB, BS, 8, D), "torch.int8"),
+                "v_cache": T((NB, BS, 8, D), "torch.int8"),
+                "k_scale": T((NB, BS, 8), "torch.float32"),
+                "v_scale": T((NB, BS, 8), "torch.float32"),
+                "block_tables": T((S, 5), "torch.int32"), "seq_lens": T((S,), "torch.int32")}
+        a = V.check_decode(**kvh8)
+        p = L._DecodePlan(a, 70, None, None)
+        assert p.grid == (5, 1, S) and p.threads == 256 and p.fmt == L.FMT_WB
+        assert p.part == (0, "pthfa_decode_wb4_bf16_d128_h8", L.FMT_WB,
+                          V.smem_bytes_wb(16, BS, 8, D))
+        assert p.counters == 0
+        q = L._DecodePlan(V.check_decode(**dec()), 70, None, None)  # 2 KV heads: cp3
+        assert q.threads == V.THREADS and q.fmt == L.FMT_CP
+    finally:
+        monkeypatch.delenv("PTHFA_IMPL")
+        L.reload_env()
 
 
 def test_plan_buckets(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -129,6 +129,7 @@ FMT_QUANTIZE = "QQQQQQQiiqqqqiqq"
 FMT_PART = "QQQQQQiQQQiiiifqq"      # simt: ..., num_kv_heads, block_shift, part, parts, scale
 FMT_MMA = "QQQQQQiQQQiiiiifqq"      # mma1: ..., num_kv_heads, gqa, block_shift, ...
 FMT_CP = "QQQQQQiQQQQQiiiiifqq"     # cp3/cp4: ..., part_acc, out, counters, num_kv_heads, ...
+FMT_WB = "QQQQQQiQQQiiiifqq"        # wb: ..., part_acc, gqa, block_shift, part, parts, scale
 FMT_REDUCE = "QQQQiii"
 
 
@@ -324,7 +325,7 @@ def _workspace(t: _Torch, device: int, stream: int, counters: int, nbytes: int,
     return buf.data_ptr(), buf.data_ptr() + head, buf
 
 
-IMPLS = ("simt", "mma1", "cp3", "cp4")
+IMPLS = ("simt", "mma1", "cp3", "cp4", "wb")
 DEFAULT = "cp3"
 
 
@@ -416,8 +417,10 @@ def plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int, gq
             raise ValueError(f"PTHFA_PART_SIZE must be a multiple of 16 and of block_size "
                              f"{block_size}, got {part}")
         return impl, part
-    if impl.startswith("cp"):
-        stages = int(impl[2:])
+    if impl == "wb" and V.wb_supported(num_kv_heads, head_dim, block_size):
+        part = V.choose_part_size_wb(num_seqs, max_seq_len, block_size, num_sms)
+    elif impl.startswith("cp") or impl == "wb":
+        stages = int(impl[2:]) if impl.startswith("cp") else 3
         smem = V.smem_bytes_cp(2048, block_size, gqa, head_dim, stages)
         per_sm = max(1, min(3 if stages == 3 else 2, (228 << 10) // (smem + 1024)))
         part = V.choose_part_size_cp(num_seqs, num_kv_heads, max_seq_len, block_size, num_sms,
@@ -561,6 +564,7 @@ class _DecodePlan:
         "reduce_grid",
         "reduce_ints",
         "smem",
+        "threads",
         "work_bytes",
     )
 
@@ -582,6 +586,8 @@ class _DecodePlan:
         else:
             V.check_part_size(part_size, a.block_size, a.gqa, a.head_dim)
             impl = decode_impl(a.head_dim, part_size)
+        if impl == "wb" and not V.wb_supported(a.num_kv_heads, a.head_dim, a.block_size):
+            impl = DEFAULT  # the whole-block kernel is built for 8 KV heads of 128 dims
         max_parts = max(1, math.ceil(max_seq_len / part_size))
         rows = a.num_seqs * a.num_heads * max_parts
         # the accumulators first, so both buffers start 256-byte aligned
@@ -591,7 +597,16 @@ class _DecodePlan:
         scale_log2 = float(sm_scale) * math.log2(math.e)
         self.part_ints: tuple[Any, ...]
         self.grid = (max_parts, a.num_kv_heads, a.num_seqs)
-        if impl == "simt":
+        self.threads = V.THREADS
+        if impl == "wb":
+            name = f"pthfa_decode_wb{V.WB_STAGES}_{a.dtype}_d{a.head_dim}_h{a.num_kv_heads}"
+            self.fmt = FMT_WB
+            self.grid = (max_parts, 1, a.num_seqs)
+            self.threads = 32 * a.num_kv_heads
+            self.part_ints = (a.gqa, block_shift, part_size, max_parts, scale_log2,
+                              a.kv_bstride, a.sc_bstride)
+            self.smem = V.smem_bytes_wb(part_size, a.block_size, a.num_kv_heads, a.head_dim)
+        elif impl == "simt":
             name = f"pthfa_decode_part_{a.dtype}_d{a.head_dim}_g{a.gqa}"
             self.fmt = FMT_PART
             self.part_ints = (a.num_kv_heads, block_shift, part_size, max_parts, scale_log2,
@@ -699,7 +714,7 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
                                 k_scale.data_ptr(), v_scale.data_ptr(),
                                 block_tables.data_ptr(), a.bt_stride, seq_ptr, part_ml, work,
                                 out.data_ptr(), counters)
-            drv.launch(p.part.fn, g[0], g[1], g[2], V.THREADS, 1, 1, p.smem, stream,
+            drv.launch(p.part.fn, g[0], g[1], g[2], p.threads, 1, 1, p.smem, stream,
                        blocks[0].address, 0)
             return out
         if max_seq_len > 0:
@@ -710,7 +725,7 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
                 blocks[0].pack_head(*head, 0, 0)
             else:
                 blocks[0].pack_head(*head)
-            drv.launch(p.part.fn, g[0], g[1], g[2], V.THREADS, 1, 1, p.smem, stream,
+            drv.launch(p.part.fn, g[0], g[1], g[2], p.threads, 1, 1, p.smem, stream,
                        blocks[0].address, 0)
         blocks[1].pack_head(part_ml, work, seq_ptr, out.data_ptr())
         g = p.reduce_grid
@@ -720,12 +735,13 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
     head = (query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_scale.data_ptr(),
             v_scale.data_ptr(), block_tables.data_ptr(), a.bt_stride, seq_ptr, part_ml, work)
     if fused:
-        p.part.run(t, stream, p.grid, _THREADS3,
+        p.part.run(t, stream, p.grid, (p.threads, 1, 1),
                    (*head, out.data_ptr(), counters, *p.part_ints), p.smem)
         return out
     if max_seq_len > 0:
         extra = (0, 0) if p.fmt == FMT_CP else ()
-        p.part.run(t, stream, p.grid, _THREADS3, (*head, *extra, *p.part_ints), p.smem)
+        p.part.run(t, stream, p.grid, (p.threads, 1, 1), (*head, *extra, *p.part_ints),
+                   p.smem)
     p.reduce.run(t, stream, p.reduce_grid, p.reduce_block,
                  (part_ml, work, seq_ptr, out.data_ptr(), *p.reduce_ints), 0)
     return out

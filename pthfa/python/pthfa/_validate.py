@@ -269,6 +269,34 @@ def smem_bytes_cp(part_size: int, block_size: int, gqa: int, head_dim: int, stag
     return 4 * (bt_cap + WARPS * 16) + max(WARPS * stages * stage, 4 * WARPS * gqa * head_dim)
 
 
+WB_STAGES = 4  # the whole-block kernel's ring (decode.cu: PTHFA_WB(..., 4, 8))
+
+
+def wb_supported(num_kv_heads: int, head_dim: int, block_size: int) -> bool:
+    """The whole-block kernel is built for 8 KV heads (one warp each) of 128 dims, and takes
+    16-token steps inside one block."""
+    return num_kv_heads == 8 and head_dim == 128 and block_size >= 16
+
+
+def smem_bytes_wb(part_size: int, block_size: int, num_kv_heads: int, head_dim: int) -> int:
+    """Dynamic shared memory of the whole-block kernel (must match decode.cu): the block-table
+    slice, then WB_STAGES stages of every head's cp3 stage."""
+    bt_cap = ((part_size // block_size) + 3) & ~3
+    stage = 32 * (head_dim + 16) + 2 * 16 * 4
+    return 4 * bt_cap + WB_STAGES * num_kv_heads * stage
+
+
+def choose_part_size_wb(num_seqs: int, max_seq_len: int, block_size: int,
+                        num_sms: int) -> int:
+    """For the whole-block kernel (one CTA of 8 warps per SM): the shortest power-of-two
+    partition (16 up to 65536 tokens, never below block_size) that keeps the grid within one
+    wave of CTAs."""
+    p = max(16, block_size)
+    while p < 65536 and num_seqs * -(-max(max_seq_len, 1) // p) > num_sms:
+        p *= 2
+    return p
+
+
 def check_part_size(part_size: Any, block_size: int, gqa: int, head_dim: int) -> int:
     if not isinstance(part_size, int) or isinstance(part_size, bool):
         raise TypeError(f"part_size must be an int, got {type(part_size).__name__}")
