@@ -297,13 +297,13 @@ def test_block_strided_caches() -> None:
 
 
 def test_whole_block_plan(monkeypatch: pytest.MonkeyPatch) -> None:
-    """$PTHFA_IMPL=wb: one CTA of 8 warps per (partition, sequence), partitions as short as
+    """$PTHFA_IMPL=wb4: one CTA of 8 warps per (partition, sequence), partitions as short as
     one wave of CTAs allows, its shared memory; shapes it is not built for take cp3."""
     from pthfa import _launch as L
 
     monkeypatch.setattr(L, "_kernel", lambda dev, name, fmt, smem=0: (dev, name, fmt, smem))
     monkeypatch.setattr(L, "_num_sms", lambda dev: 132)
-    monkeypatch.setenv("PTHFA_IMPL", "wb")
+    monkeypatch.setenv("PTHFA_IMPL", "wb4")
     L.reload_env()
     try:
         assert V.choose_part_size_wb(64, 8192, 16, 132) == 4096
@@ -318,7 +318,7 @@ def test_whole_block_plan(monkeypatch: pytest.MonkeyPatch) -> None:
         p = L._DecodePlan(a, 70, None, None)
         assert p.grid == (5, 1, S) and p.threads == 256 and p.fmt == L.FMT_WB
         assert p.part == (0, "pthfa_decode_wb4_bf16_d128_h8", L.FMT_WB,
-                          V.smem_bytes_wb(16, BS, 8, D))
+                          V.smem_bytes_wb(16, BS, 8, D, 4))
         assert p.counters == 0
         q = L._DecodePlan(V.check_decode(**dec()), 70, None, None)  # 2 KV heads: cp3
         assert q.threads == V.THREADS and q.fmt == L.FMT_CP

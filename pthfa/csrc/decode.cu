@@ -1321,9 +1321,11 @@ PTHFA_ALL_G(bf16, __nv_bfloat16, 256)
 PTHFA_ALL_G(fp16, __half, 64)
 PTHFA_ALL_G(fp16, __half, 128)
 PTHFA_ALL_G(fp16, __half, 256)
-// the whole-block kernel: 8 KV heads (one warp each), head_dim 128, 4 stages
+// the whole-block kernel: 8 KV heads (one warp each), head_dim 128, 4 or 5 stages
 PTHFA_WB(bf16, __nv_bfloat16, 128, 4, 8)
 PTHFA_WB(fp16, __half, 128, 4, 8)
+PTHFA_WB(bf16, __nv_bfloat16, 128, 5, 8)
+PTHFA_WB(fp16, __half, 128, 5, 8)
 
 #ifdef PTHFA_PROBES
 // Measurement probes of cp3 (bf16, head_dim 128): see decode_cp_impl's P.

@@ -269,21 +269,19 @@ def smem_bytes_cp(part_size: int, block_size: int, gqa: int, head_dim: int, stag
     return 4 * (bt_cap + WARPS * 16) + max(WARPS * stages * stage, 4 * WARPS * gqa * head_dim)
 
 
-WB_STAGES = 4  # the whole-block kernel's ring (decode.cu: PTHFA_WB(..., 4, 8))
-
-
 def wb_supported(num_kv_heads: int, head_dim: int, block_size: int) -> bool:
     """The whole-block kernel is built for 8 KV heads (one warp each) of 128 dims, and takes
     16-token steps inside one block."""
     return num_kv_heads == 8 and head_dim == 128 and block_size >= 16
 
 
-def smem_bytes_wb(part_size: int, block_size: int, num_kv_heads: int, head_dim: int) -> int:
-    """Dynamic shared memory of the whole-block kernel (must match decode.cu): the block-table
-    slice, then WB_STAGES stages of every head's cp3 stage."""
+def smem_bytes_wb(part_size: int, block_size: int, num_kv_heads: int, head_dim: int,
+                  stages: int) -> int:
+    """Dynamic shared memory of the whole-block kernel wb<stages> (must match decode.cu): the
+    block-table slice, then ``stages`` stages of every head's cp3 stage."""
     bt_cap = ((part_size // block_size) + 3) & ~3
     stage = 32 * (head_dim + 16) + 2 * 16 * 4
-    return 4 * bt_cap + WB_STAGES * num_kv_heads * stage
+    return 4 * bt_cap + stages * num_kv_heads * stage
 
 
 def choose_part_size_wb(num_seqs: int, max_seq_len: int, block_size: int,
