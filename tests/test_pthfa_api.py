@@ -277,12 +277,12 @@ def test_block_strided_caches() -> None:
     apart) are taken, and their block strides reach the kernels' arguments; K and V (and
     their scales) must share their strides."""
     page = 2 * BS * KVH * D + 8 * BS * KVH  # bytes: K, V, then the two scales' floats
-    kv = {"strides": (page, KVH * D, D, 1), "contiguous": False}
-    sc = {"strides": (page // 4, KVH, 1), "contiguous": False}
-    paged = {"k_cache": T((NB, BS, KVH, D), "torch.int8", **kv),
-             "v_cache": T((NB, BS, KVH, D), "torch.int8", **kv),
-             "k_scale": T((NB, BS, KVH), "torch.float32", **sc),
-             "v_scale": T((NB, BS, KVH), "torch.float32", **sc)}
+    kv = (page, KVH * D, D, 1)
+    sc = (page // 4, KVH, 1)
+    paged = {"k_cache": T((NB, BS, KVH, D), "torch.int8", contiguous=False, strides=kv),
+             "v_cache": T((NB, BS, KVH, D), "torch.int8", contiguous=False, strides=kv),
+             "k_scale": T((NB, BS, KVH), "torch.float32", contiguous=False, strides=sc),
+             "v_scale": T((NB, BS, KVH), "torch.float32", contiguous=False, strides=sc)}
     a = V.check_decode(**dec(**paged))
     assert (a.kv_bstride, a.sc_bstride) == (page, page // 4)
     c = V.check_decode(**dec())
@@ -317,8 +317,9 @@ def test_whole_block_plan(monkeypatch: pytest.MonkeyPatch) -> None:
         a = V.check_decode(**kvh8)
         p = L._DecodePlan(a, 70, None, None)
         assert p.grid == (5, 1, S) and p.threads == 256 and p.fmt == L.FMT_WB
-        assert p.part == (0, "pthfa_decode_wb4_bf16_d128_h8", L.FMT_WB,
-                          V.smem_bytes_wb(16, BS, 8, D, 4))
+        part: object = p.part
+        assert part == (0, "pthfa_decode_wb4_bf16_d128_h8", L.FMT_WB,
+                        V.smem_bytes_wb(16, BS, 8, D, 4))
         assert p.counters == 0
         q = L._DecodePlan(V.check_decode(**dec()), 70, None, None)  # 2 KV heads: cp3
         assert q.threads == V.THREADS and q.fmt == L.FMT_CP

@@ -105,14 +105,16 @@ class _Platform:
 
     def is_device_capability(self, cap: Any) -> bool:
         c = self.get_device_capability()
-        return 10 * c.major + c.minor == (cap if isinstance(cap, int) else 10 * cap[0] + cap[1])
+        return bool(10 * c.major + c.minor == (cap if isinstance(cap, int)
+                                               else 10 * cap[0] + cap[1]))
 
     def is_device_capability_family(self, cap: int) -> bool:
-        return self.get_device_capability().major * 10 == cap
+        return bool(self.get_device_capability().major * 10 == cap)
 
     def has_device_capability(self, cap: Any) -> bool:
         c = self.get_device_capability()
-        return 10 * c.major + c.minor >= (cap if isinstance(cap, int) else 10 * cap[0] + cap[1])
+        return bool(10 * c.major + c.minor >= (cap if isinstance(cap, int)
+                                               else 10 * cap[0] + cap[1]))
 
     def num_compute_units(self, device_id: int = 0) -> int:
         return int(torch.cuda.get_device_properties(device_id).multi_processor_count)
@@ -129,7 +131,7 @@ class _Envs(types.ModuleType):
 def _module(name: str, path: Path | None = None, **attrs: Any) -> types.ModuleType:
     mod = types.ModuleType(name)
     if path is not None:
-        mod.__path__ = [str(path)]  # type: ignore[attr-defined]
+        mod.__path__ = [str(path)]
     mod.__dict__.update(attrs)
     sys.modules[name] = mod
     return mod
@@ -362,7 +364,7 @@ def test_cuda_graph_capture_and_replay(vllm: types.SimpleNamespace) -> None:
     assert meta.decode_max_seq_len == 8192
     q = s.rows(n, HQ)
     out = torch.zeros_like(q)
-    stream = torch.cuda.Stream()
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         s.impl.forward(None, q, None, None, s.kv_cache, meta, out)  # warm up off the graph

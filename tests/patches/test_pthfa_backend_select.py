@@ -89,7 +89,7 @@ class Vllm:
                 parent = ".".join(parts[:i])
                 if parent not in self.modules:
                     pkg = make_module(parent)
-                    pkg.__path__ = []  # type: ignore[attr-defined]
+                    pkg.__path__ = []
                     self.modules[parent] = pkg
 
     @staticmethod
@@ -150,7 +150,7 @@ def test_entry_point_registers_the_backend(vllm: tuple[Vllm, SimpleNamespace],
         plugins.load_general_plugins()
         assert enum["PTHFA"].get_class() is ns.be.PthfaBackend
         assert enum["PTHFA"].get_path() == ns.plugin.BACKEND_PATH
-        plugins.plugins_loaded = False
+        setattr(plugins, "plugins_loaded", False)  # noqa: B010 (a module global)
         plugins.load_general_plugins()  # a second load (another process's, a test's)
     assert ns.be.PthfaBackend.get_name() == "PTHFA"
     assert list(enum.__members__).count("PTHFA") == 1
