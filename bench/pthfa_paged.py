@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import pthfa_decode as B  # noqa: E402
+import pthfa_decode as B
 
-import pthfa  # noqa: E402
+import pthfa
 
 
 class Paged(B.Inputs):

@@ -287,8 +287,8 @@ def test_block_strided_caches() -> None:
     assert (a.kv_bstride, a.sc_bstride) == (page, page // 4)
     c = V.check_decode(**dec())
     assert (c.kv_bstride, c.sc_bstride) == (BS * KVH * D, BS * KVH)
-    q = V.check_quantize(T((4, KVH, D)), T((4, KVH, D)), *paged.values(),
-                         T((4,), "torch.int64"))
+    q = V.check_quantize(T((4, KVH, D)), T((4, KVH, D)), paged["k_cache"], paged["v_cache"],
+                         paged["k_scale"], paged["v_scale"], T((4,), "torch.int64"))
     assert (q.block_shift, q.kv_bstride, q.sc_bstride) == (4, page, page // 4)
     with pytest.raises(ValueError, match="v_cache's strides"):
         V.check_decode(**dec(**{**paged, "v_cache": T((NB, BS, KVH, D), "torch.int8")}))

@@ -236,7 +236,7 @@ class Setup:
         slots = [tables[i][p // self.bs] * self.bs + p % self.bs
                  for i in range(len(tables)) for p in range(starts[i], starts[i] + counts[i])]
         n = len(slots)
-        sm = torch.tensor(slots + [-1, -1], dtype=torch.int64, device=DEV)  # padded rows
+        sm = torch.tensor([*slots, -1, -1], dtype=torch.int64, device=DEV)  # padded rows
         self.impl.do_kv_cache_update(None, self.rows(n + 2, H), self.rows(n + 2, H),
                                      self.kv_cache, sm)
 
@@ -304,7 +304,7 @@ def test_registered_backend_and_spec(vllm: types.SimpleNamespace) -> None:
     be = vllm.be_cls
     assert be is vllm.be.PthfaBackend and be.get_name() == "PTHFA"
     s = Setup(vllm, 8)
-    k, v, ks, vs = s.impl.cache_views(s.kv_cache)
+    k, v, ks, _vs = s.impl.cache_views(s.kv_cache)
     page = s.spec.page_size_bytes
     assert k.stride(0) == page and ks.stride(0) == page // 4
     assert v.data_ptr() - k.data_ptr() == s.bs * H * D

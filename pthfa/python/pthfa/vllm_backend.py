@@ -30,7 +30,6 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
-
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionCGSupport,
