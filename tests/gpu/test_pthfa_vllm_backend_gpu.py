@@ -14,7 +14,8 @@ Each case checks the backend's output against float64 attention over the dequant
 (prefill rows with context, chunked), and a decode batch captured in a CUDA graph and
 replayed after its contexts, block tables and queries changed in place.
 
-Tree: ``$QWEN38_VLLM_TREE`` (a folder holding ``vllm/`` or a zip of its ``.py`` files).
+Tree: ``$QWEN38_VLLM_TREE`` (a folder holding ``vllm/`` or a zip of its ``.py`` files); else
+the engine's build of the recipe's series, extracted (a machine with the store).
 """
 
 from __future__ import annotations
@@ -58,23 +59,30 @@ try:
     import cupy  # noqa: F401
 except ImportError:
     _missing("CuPy is not installed: the pthfa launcher needs it")
-if not os.environ.get(TREE_ENV):
-    _missing(f"${TREE_ENV} names no vLLM .py tree")
 
 DEV = "cuda"
 H, HQ, D = 8, 32, 128
 
 
+def _extract(archive: Path, dest: Path) -> Path:
+    if not (dest / "vllm").is_dir():
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(dest, [n for n in zf.namelist()
+                                 if n.startswith("vllm/") and n.endswith(".py")])
+    return dest
+
+
 def _tree() -> Path:
-    given = Path(os.environ[TREE_ENV])
-    if given.is_file():
-        dest = Path("/tmp/qwen38-pthfa-vllm-tree") / given.stem
-        if not (dest / "vllm").is_dir():
-            with zipfile.ZipFile(given) as zf:
-                zf.extractall(dest, [n for n in zf.namelist()
-                                     if n.startswith("vllm/") and n.endswith(".py")])
-        return dest
-    return given
+    cache = Path("/tmp/qwen38-pthfa-vllm-tree")
+    given = os.environ.get(TREE_ENV)
+    if given:
+        path = Path(given)
+        return _extract(path, cache / path.stem) if path.is_file() else path
+    sys.path.insert(0, str(ROOT))
+    from tests.patches.conftest import built_wheels
+
+    wheel, _pristine, _members = built_wheels()
+    return _extract(wheel, cache / wheel.parent.name)
 
 
 class _Platform:
