@@ -104,13 +104,15 @@ def time_pthfa(b: int, ctx: int, read_bw: float, sms: int,
         """The partition kernel alone: the production one with null out and counters (no
         fused reduce), the probes with their own signature (no such arguments)."""
         g = (KVH, parts, b) if heads_first else (parts, KVH, b)
-        fmt, extra = (L.FMT_MMA, ()) if "probe" in name else (L.FMT_CP, (0, 0))
+        # the probes take no block strides (they read a contiguous cache)
+        fmt, extra, tail = ((L.FMT_MMA[:-2], (), ()) if "probe" in name else
+                            (L.FMT_CP, (0, 0), (BS * KVH * D, BS * KVH)))
         return [(lambda i=i: L._launch(
             dev, name, fmt, g, (V.THREADS, 1, 1),
             (x.qs[i].data_ptr(), x.k_cache.data_ptr(), x.v_cache.data_ptr(),
              x.k_scale.data_ptr(), x.v_scale.data_ptr(), x.tables[i].data_ptr(), x.nblk,
              x.lens.data_ptr(), work.data_ptr() + acc, work.data_ptr(), *extra, KVH, H // KVH,
-             int(math.log2(BS)), part, parts, scale), shared_mem=smem))
+             int(math.log2(BS)), part, parts, scale, *tail), shared_mem=smem))
             for i in range(x.sets)]
 
     rows = [("read ceiling", x.case_bytes / read_bw),

@@ -6,9 +6,11 @@ The locked toolchain's own path (no nvcc on PATH at all) is covered by test_tool
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +66,22 @@ def test_a_source_change_misses_only_the_kernel_steps(
     assert kproject.run("plan", "--json") == 0
     plan = json.loads(capsys.readouterr().out)
     assert [s["built"] for s in plan["steps"] if s["kind"] == "fetch"] == [False]
+
+
+def test_the_plugin_entry_point_goes_into_the_wheels_dist_info(
+    kproject: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM loads pthfa's backend through a ``vllm.general_plugins`` entry point: the
+    tree's ``entry_points.txt`` (listed in its MANIFEST) is the wheel's, and in RECORD."""
+    points = b"[vllm.general_plugins]\npthfa = pthfa.vllm_plugin:register\n"
+    (kproject.root / "pthfa" / "entry_points.txt").write_bytes(points)
+    relist_pthfa(kproject.root)
+    manifest = kproject.root / "pthfa" / "MANIFEST"
+    manifest.write_text(manifest.read_text() + f"{hashlib.sha256(points).hexdigest()}  "
+                        "entry_points.txt\n")
+    assert kproject.run("kernels", "--json", "-q") == 0
+    wheel = Path(json.loads(capsys.readouterr().out)["wheel"])
+    with zipfile.ZipFile(wheel) as z:
+        assert z.read("pthfa-0.1.0.dist-info/entry_points.txt") == points
+        assert "pthfa-0.1.0.dist-info/entry_points.txt," in z.read(
+            "pthfa-0.1.0.dist-info/RECORD").decode()

@@ -100,8 +100,12 @@ def test_quantize_ok_strided_view() -> None:
     ({"v_cache": T((NB, BS, KVH, 64), "torch.int8")}, ValueError, "they must match"),
     ({"k_scale": T((NB, BS), "torch.float32")}, ValueError, "k_scale must have shape"),
     ({"v_scale": T((NB, BS, KVH), "torch.float16")}, ValueError, "v_scale must have dtype"),
-    ({"k_cache": T((NB, BS, KVH, D), "torch.int8", contiguous=False)}, ValueError,
-     "k_cache must be contiguous"),
+    ({"k_cache": T((NB, BS, KVH, D), "torch.int8", contiguous=False,
+                   strides=(BS * KVH * D, D, BS * D, 1))}, ValueError,
+     "k_cache must be contiguous inside each block"),
+    ({"k_cache": T((NB, BS, KVH, D), "torch.int8", contiguous=False,
+                   strides=(BS * KVH * D + 8, KVH * D, D, 1))}, ValueError,
+     "k_cache's block stride"),
     ({"out": T((S, H, D), "torch.float16")}, ValueError, "out has dtype torch.float16"),
     ({"out": T((S, H, D + 1))}, ValueError, "out must have shape"),
 ])
@@ -247,7 +251,7 @@ def test_the_driver_argument_block_holds_each_value_at_its_address() -> None:
 
 @pytest.mark.parametrize("fmt,kernel", [
     ("FMT_QUANTIZE", "quantize"), ("FMT_PART", "part"), ("FMT_MMA", "mma"),
-    ("FMT_CP", "cp"), ("FMT_REDUCE", "reduce")])
+    ("FMT_CP", "cp"), ("FMT_WB", "wb"), ("FMT_REDUCE", "reduce")])
 def test_argument_formats_match_the_kernels(fmt: str, kernel: str) -> None:
     """Each launch format has one code per parameter of its kernel in decode.cu/quantize.cu,
     of the same type: the driver reads exactly these bytes."""
@@ -258,6 +262,7 @@ def test_argument_formats_match_the_kernels(fmt: str, kernel: str) -> None:
                  "part": ("decode.cu", "pthfa_decode_part_##TN##_d##D##_g##G("),
                  "mma": ("decode.cu", "pthfa_decode_mma##NS##SUF##_##TN##_d##D("),
                  "cp": ("decode.cu", "pthfa_decode_cp##S##_##TN##_d##D("),
+                 "wb": ("decode.cu", "pthfa_decode_wb##S##_##TN##_d##D##_h##NW("),
                  "reduce": ("decode.cu", "pthfa_decode_reduce_##TN##_d##D(")}[kernel]
     text = (csrc / src).read_text()
     at = text.index(name) + len(name)
@@ -265,6 +270,62 @@ def test_argument_formats_match_the_kernels(fmt: str, kernel: str) -> None:
     types = {"int": "i", "float": "f", "long": "q"}
     codes = "".join("Q" if "*" in p_ else types[p_.split()[-2]] for p_ in params)
     assert codes == getattr(L, fmt)
+
+
+def test_block_strided_caches() -> None:
+    """Caches that are views into vLLM's pages (each block contiguous inside, blocks a page
+    apart) are taken, and their block strides reach the kernels' arguments; K and V (and
+    their scales) must share their strides."""
+    page = 2 * BS * KVH * D + 8 * BS * KVH  # bytes: K, V, then the two scales' floats
+    kv = (page, KVH * D, D, 1)
+    sc = (page // 4, KVH, 1)
+    paged = {"k_cache": T((NB, BS, KVH, D), "torch.int8", contiguous=False, strides=kv),
+             "v_cache": T((NB, BS, KVH, D), "torch.int8", contiguous=False, strides=kv),
+             "k_scale": T((NB, BS, KVH), "torch.float32", contiguous=False, strides=sc),
+             "v_scale": T((NB, BS, KVH), "torch.float32", contiguous=False, strides=sc)}
+    a = V.check_decode(**dec(**paged))
+    assert (a.kv_bstride, a.sc_bstride) == (page, page // 4)
+    c = V.check_decode(**dec())
+    assert (c.kv_bstride, c.sc_bstride) == (BS * KVH * D, BS * KVH)
+    q = V.check_quantize(T((4, KVH, D)), T((4, KVH, D)), paged["k_cache"], paged["v_cache"],
+                         paged["k_scale"], paged["v_scale"], T((4,), "torch.int64"))
+    assert (q.block_shift, q.kv_bstride, q.sc_bstride) == (4, page, page // 4)
+    with pytest.raises(ValueError, match="v_cache's strides"):
+        V.check_decode(**dec(**{**paged, "v_cache": T((NB, BS, KVH, D), "torch.int8")}))
+    with pytest.raises(ValueError, match="v_scale's strides"):
+        V.check_decode(**dec(**{**paged, "v_scale": T((NB, BS, KVH), "torch.float32")}))
+
+
+def test_whole_block_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """$PTHFA_IMPL=wb4: one CTA of 8 warps per (partition, sequence), partitions as short as
+    one wave of CTAs allows, its shared memory; shapes it is not built for take cp3."""
+    from pthfa import _launch as L
+
+    monkeypatch.setattr(L, "_kernel", lambda dev, name, fmt, smem=0: (dev, name, fmt, smem))
+    monkeypatch.setattr(L, "_num_sms", lambda dev: 132)
+    monkeypatch.setenv("PTHFA_IMPL", "wb4")
+    L.reload_env()
+    try:
+        assert V.choose_part_size_wb(64, 8192, 16, 132) == 4096
+        assert V.choose_part_size_wb(8, 8192, 16, 132) == 512
+        assert V.choose_part_size_wb(1, 1024, 16, 132) == 16
+        kvh8 = {"query": T((S, 32, D)), "k_cache": T((NB, BS, 8, D), "torch.int8"),
+                "v_cache": T((NB, BS, 8, D), "torch.int8"),
+                "k_scale": T((NB, BS, 8), "torch.float32"),
+                "v_scale": T((NB, BS, 8), "torch.float32"),
+                "block_tables": T((S, 5), "torch.int32"), "seq_lens": T((S,), "torch.int32")}
+        a = V.check_decode(**kvh8)
+        p = L._DecodePlan(a, 70, None, None)
+        assert p.grid == (5, 1, S) and p.threads == 256 and p.fmt == L.FMT_WB
+        part: object = p.part
+        assert part == (0, "pthfa_decode_wb4_bf16_d128_h8", L.FMT_WB,
+                        V.smem_bytes_wb(16, BS, 8, D, 4))
+        assert p.counters == 0
+        q = L._DecodePlan(V.check_decode(**dec()), 70, None, None)  # 2 KV heads: cp3
+        assert q.threads == V.THREADS and q.fmt == L.FMT_CP
+    finally:
+        monkeypatch.delenv("PTHFA_IMPL")
+        L.reload_env()
 
 
 def test_plan_buckets(monkeypatch: pytest.MonkeyPatch) -> None:

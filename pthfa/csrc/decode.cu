@@ -24,7 +24,8 @@ __device__ __forceinline__ void decode_part_impl(
     const int8_t* __restrict__ v_cache, const float* __restrict__ k_scale,
     const float* __restrict__ v_scale, const int* __restrict__ block_tables, int bt_stride,
     const int* __restrict__ seq_lens, float* __restrict__ part_ml, float* __restrict__ part_acc,
-    int num_kv_heads, int block_shift, int part_size, int max_parts, float scale_log2) {
+    int num_kv_heads, int block_shift, int part_size, int max_parts, float scale_log2,
+    long long kv_bstride, long long sc_bstride) {
   constexpr int LPT = D / 16;      // lanes per token row
   constexpr int TPW = 32 / LPT;    // token rows per warp per step
   constexpr int TPI = kWarps * TPW;
@@ -64,7 +65,9 @@ __device__ __forceinline__ void decode_part_impl(
   }
   __syncthreads();
 
-  const long long row_stride = (long long)num_kv_heads;  // rows of D bytes per slot
+  // rows of D bytes per token of a block; blocks are kv_bstride bytes (K, V) and sc_bstride
+  // floats (scales) apart
+  const long long row_stride = (long long)num_kv_heads;
 
   // ---- phase 1: scores
   for (int base = 0; base < n; base += TPI * U) {
@@ -75,10 +78,11 @@ __device__ __forceinline__ void decode_part_impl(
       const int tl = base + u * TPI + warp * TPW + tg;
       if (tl < n) {
         const int t = t0 + tl;
-        const long long slot = ((long long)bt_s[tl >> block_shift] << block_shift) | (t & block_mask);
-        const long long srow = slot * row_stride + kvh;
-        kv[u] = ldg_stream(reinterpret_cast<const int4*>(k_cache + srow * D + sl * 16));
-        ks[u] = __ldg(k_scale + srow);
+        const long long blk = bt_s[tl >> block_shift];
+        const long long in = (long long)(t & block_mask) * row_stride + kvh;
+        kv[u] = ldg_stream(
+            reinterpret_cast<const int4*>(k_cache + blk * kv_bstride + in * D + sl * 16));
+        ks[u] = __ldg(k_scale + blk * sc_bstride + in);
       } else {
         kv[u] = make_int4(0, 0, 0, 0);
         ks[u] = 0.f;
@@ -147,10 +151,11 @@ __device__ __forceinline__ void decode_part_impl(
       const int tl = base + u * TPI + warp * TPW + tg;
       if (tl < n) {
         const int t = t0 + tl;
-        const long long slot = ((long long)bt_s[tl >> block_shift] << block_shift) | (t & block_mask);
-        const long long srow = slot * row_stride + kvh;
-        vv[u] = ldg_stream(reinterpret_cast<const int4*>(v_cache + srow * D + sl * 16));
-        vs[u] = __ldg(v_scale + srow);
+        const long long blk = bt_s[tl >> block_shift];
+        const long long in = (long long)(t & block_mask) * row_stride + kvh;
+        vv[u] = ldg_stream(
+            reinterpret_cast<const int4*>(v_cache + blk * kv_bstride + in * D + sl * 16));
+        vs[u] = __ldg(v_scale + blk * sc_bstride + in);
       } else {
         vv[u] = make_int4(0, 0, 0, 0);
         vs[u] = 0.f;
@@ -321,7 +326,8 @@ __device__ __forceinline__ void decode_mma_impl(
     const int8_t* __restrict__ v_cache, const float* __restrict__ k_scale,
     const float* __restrict__ v_scale, const int* __restrict__ block_tables, int bt_stride,
     const int* __restrict__ seq_lens, float* __restrict__ part_ml, float* __restrict__ part_acc,
-    int num_kv_heads, int G, int block_shift, int part_size, int max_parts, float scale_log2) {
+    int num_kv_heads, int G, int block_shift, int part_size, int max_parts, float scale_log2,
+    long long kv_bstride, long long sc_bstride) {
   using namespace mmak;
   constexpr int KW = D / 16;  // K words per lane per token = k-chunks of 16 dims
   constexpr int VW = D / 32;  // V words per lane per token
@@ -403,34 +409,44 @@ __device__ __forceinline__ void decode_mma_impl(
 #pragma unroll
     for (int s = 0; s < NS; ++s) {
       const int b16 = base + 16 * s;
-      long long rk[2], rv[4];
+      // byte offsets of the K rows (rk) and V rows (rv) in k_cache / v_cache, and the float
+      // offsets of the V rows' tokens in the scales (sv)
+      long long rk[2], rv[4], sv[4];
       if (fast) {
         const int bc = min(b16, last16);
-        const long long row0 =
-            (((long long)bt_s[bc >> block_shift] << block_shift) | ((t0 + bc) & block_mask)) *
-                nkvh + kvh;
-        rk[0] = row0 + g * nkvh;
-        rk[1] = row0 + (8 + g) * nkvh;
+        const long long blk = bt_s[bc >> block_shift];
+        const long long in0 = (long long)((t0 + bc) & block_mask) * nkvh + kvh;
+        const long long k0 = blk * kv_bstride + in0 * D;
+        const long long s0 = blk * sc_bstride + in0;
+        rk[0] = k0 + g * nkvh * D;
+        rk[1] = k0 + (8 + g) * nkvh * D;
 #pragma unroll
-        for (int r = 0; r < 4; ++r) rv[r] = row0 + ((r >> 1) * 8 + 2 * t + (r & 1)) * nkvh;
+        for (int r = 0; r < 4; ++r) {
+          const long long d = ((r >> 1) * 8 + 2 * t + (r & 1)) * nkvh;
+          rv[r] = k0 + d * D;
+          sv[r] = s0 + d;
+        }
       } else {
-        auto row_of = [&](int tl) -> long long {
+        auto at = [&](int tl, long long& so) -> long long {
           const int c = min(tl, n - 1);
-          return (((long long)bt_s[c >> block_shift] << block_shift) | ((t0 + c) & block_mask)) *
-                     nkvh + kvh;
+          const long long blk = bt_s[c >> block_shift];
+          const long long in = (long long)((t0 + c) & block_mask) * nkvh + kvh;
+          so = blk * sc_bstride + in;
+          return blk * kv_bstride + in * D;
         };
-        rk[0] = row_of(b16 + g);
-        rk[1] = row_of(b16 + 8 + g);
+        long long unused;
+        rk[0] = at(b16 + g, unused);
+        rk[1] = at(b16 + 8 + g, unused);
 #pragma unroll
-        for (int r = 0; r < 4; ++r) rv[r] = row_of(b16 + (r >> 1) * 8 + 2 * t + (r & 1));
+        for (int r = 0; r < 4; ++r) rv[r] = at(b16 + (r >> 1) * 8 + 2 * t + (r & 1), sv[r]);
       }
 #pragma unroll
-      for (int j = 0; j < 2; ++j) load_words<KW>(k_cache + rk[j] * D + t * (D / 4), kr[s][j]);
+      for (int j = 0; j < 2; ++j) load_words<KW>(k_cache + rk[j] + t * (D / 4), kr[s][j]);
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        load_words<VW>(v_cache + rv[r] * D + g * (D / 8), vr[s][r]);
-        ks[s][r] = __ldg(k_scale + rv[r]);
-        vs[s][r] = __ldg(v_scale + rv[r]);
+        load_words<VW>(v_cache + rv[r] + g * (D / 8), vr[s][r]);
+        ks[s][r] = __ldg(k_scale + sv[r]);
+        vs[s][r] = __ldg(v_scale + sv[r]);
       }
     }
 
@@ -657,7 +673,7 @@ __device__ __forceinline__ void decode_cp_impl(
     const float* __restrict__ v_scale, const int* __restrict__ block_tables, int bt_stride,
     const int* __restrict__ seq_lens, float* __restrict__ part_ml, float* __restrict__ part_acc,
     T* __restrict__ out, int* __restrict__ counters, int num_kv_heads, int G, int block_shift,
-    int part_size, int max_parts, float scale_log2) {
+    int part_size, int max_parts, float scale_log2, long long kv_bstride, long long sc_bstride) {
   using namespace mmak;
   using L = CpLayout<D>;
   constexpr int KW = D / 16;   // K words per lane per token = k-chunks of 16 dims
@@ -711,33 +727,44 @@ __device__ __forceinline__ void decode_cp_impl(
   char* wring = ring + warp * (S * L::STAGE);
   const uint32_t wring_s = smem_u32(wring);
 
-  // a row's index: [block, offset, kv head] (vLLM's layout); the probes P >= 4 read the
-  // head-major layout [block, kv head, offset] instead, a head's rows of a block contiguous
+  // a row's place: [block, offset, kv head] (vLLM's layout), blocks kv_bstride bytes apart in
+  // k_cache / v_cache and sc_bstride floats apart in the scales; the probes P >= 4 read the
+  // head-major layout [block, kv head, offset] instead, a head's rows of a block contiguous.
+  // row_of returns the row's byte offset in k_cache / v_cache and sets its scale's offset.
   constexpr bool kHeadMajor = P >= 4;
-  auto row_of = [&](int tl) -> long long {
+  auto row_of = [&](int tl, long long& so) -> long long {
     const int c = min(tl, n - 1);
     const long long blk = bt_s[c >> block_shift];
     const int off = (t0 + c) & block_mask;
-    if constexpr (kHeadMajor) return ((blk * nkvh + kvh) << block_shift) | off;
-    return ((blk << block_shift) | off) * nkvh + kvh;
+    long long in;
+    if constexpr (kHeadMajor) {
+      in = ((long long)kvh << block_shift) | off;
+    } else {
+      in = (long long)off * nkvh + kvh;
+    }
+    so = blk * sc_bstride + in;
+    return blk * kv_bstride + in * D;
   };
   const long long rstride = kHeadMajor ? 1 : nkvh;  // between consecutive tokens of a block
   auto issue = [&](int it, int slot) {
     const int b16 = it * 16;
     const uint32_t sb = wring_s + slot * L::STAGE;
-    const long long row0 = fast ? row_of(b16) : 0;
+    long long s0 = 0;
+    const long long k0 = fast ? row_of(b16, s0) : 0;
 #pragma unroll
     for (int k = 0; k < CPL; ++k) {
       const int c = lane + 32 * k;
       const int r = c / CPR;
       const int col = c % CPR;
-      const long long sr = fast ? row0 + r * rstride : row_of(b16 + r);
-      cp_async16(sb + r * L::RS + col * 16, k_cache + sr * D + col * 16);
-      cp_async16(sb + L::VOFF + r * L::RS + col * 16, v_cache + sr * D + col * 16);
+      long long unused;
+      const long long kr = fast ? k0 + r * rstride * D : row_of(b16 + r, unused);
+      cp_async16(sb + r * L::RS + col * 16, k_cache + kr + col * 16);
+      cp_async16(sb + L::VOFF + r * L::RS + col * 16, v_cache + kr + col * 16);
     }
     if constexpr (P != 2) {
       const int r = lane & 15;
-      const long long sr = fast ? row0 + r * rstride : row_of(b16 + r);
+      long long sr = s0 + r * rstride;
+      if (!fast) row_of(b16 + r, sr);
       if (lane < 16) {
         cp_async4(sb + L::SOFF + r * 4, k_scale + sr);
       } else {
@@ -946,6 +973,264 @@ __device__ __forceinline__ void decode_cp_impl(
                        part_size, max_parts);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Whole-block tensor-core partition kernel (pthfa_decode_wb<S>_*): one CTA per (partition,
+// sequence) for all NW = num_kv_heads KV heads, warp w computing KV head w with cp3's math
+// (its G query rows, the same fragments, online softmax and P remainder). The CTA copies each
+// 16-token step of every head at once: the step's K rows of all heads (16 x NW x D bytes, one
+// contiguous run of the block), then the V rows, then the scales, so a block is read as a few
+// contiguous runs instead of NW heads' rows 1 KiB apart. The steps go through a CTA-wide
+// S-stage ring (stage = NW warp stages of cp3's layout); a warp's partition result needs no
+// merge: it writes (m, l) and its accumulators straight to the scratch, and the reduce kernel
+// runs as for cp3. Needs block_size >= 16 (a step inside one block).
+template <typename T, int D, int S, int NW>
+__device__ __forceinline__ void decode_wb_impl(
+    const T* __restrict__ q, const int8_t* __restrict__ k_cache,
+    const int8_t* __restrict__ v_cache, const float* __restrict__ k_scale,
+    const float* __restrict__ v_scale, const int* __restrict__ block_tables, int bt_stride,
+    const int* __restrict__ seq_lens, float* __restrict__ part_ml, float* __restrict__ part_acc,
+    int G, int block_shift, int part_size, int max_parts, float scale_log2,
+    long long kv_bstride, long long sc_bstride) {
+  using namespace mmak;
+  using L = CpLayout<D>;
+  constexpr int KW = D / 16;
+  constexpr int VW = D / 32;
+  constexpr int NT = D / 8;
+  constexpr int CPR = D / 16;              // 16-byte chunks per row
+  constexpr int NTH = NW * 32;
+  constexpr int HSTAGE = L::STAGE;         // one head's part of a stage
+  constexpr int STAGE = NW * HSTAGE;
+  constexpr int CHUNKS = 16 * NW * CPR;    // 16-byte chunks of K (or V) per step
+  extern __shared__ __align__(16) float smem[];
+
+  const int part = blockIdx.x;
+  const int seq = blockIdx.z;
+  const int seq_len = seq_lens[seq];
+  const int t0 = part * part_size;
+  if (t0 >= seq_len) return;
+  const int n = min(part_size, seq_len - t0);
+  const int block_mask = (1 << block_shift) - 1;
+  const int nblk = (n + block_mask) >> block_shift;
+  const int bt_cap = ((part_size >> block_shift) + 3) & ~3;
+  int* bt_s = reinterpret_cast<int*>(smem);
+  char* ring = reinterpret_cast<char*>(smem + bt_cap);  // [S][NW][HSTAGE]
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;  // = kv head
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int H = NW * G;
+
+  float qf[D / 4];
+  {
+    const bool hv = g < G;
+    const T* qp = q + ((long long)seq * H + (long long)warp * G + (hv ? g : 0)) * D + t * (D / 4);
+#pragma unroll
+    for (int j = 0; j < D / 4; ++j) qf[j] = hv ? Conv<T>::to_float(qp[j]) : 0.f;
+  }
+  const int* bt = block_tables + (long long)seq * bt_stride + (t0 >> block_shift);
+  for (int i = tid; i < nblk; i += NTH) bt_s[i] = bt[i];
+  __syncthreads();
+
+  const uint32_t ring_s = smem_u32(ring);
+  // step it: tokens t0 + 16 it .. +15, inside one block (block_size >= 16, parts multiples)
+  auto issue = [&](int it, int slot) {
+    const int b16 = it * 16;
+    const long long blk = bt_s[b16 >> block_shift];
+    const long long in0 = (long long)((t0 + b16) & block_mask) * NW;  // first row of the step
+    const int8_t* kb = k_cache + blk * kv_bstride + in0 * D;
+    const int8_t* vb = v_cache + blk * kv_bstride + in0 * D;
+    const uint32_t sb = ring_s + slot * STAGE;
+#pragma unroll
+    for (int c = tid; c < CHUNKS; c += NTH) {
+      const int row = c / CPR;  // token * NW + head, as in global memory
+      const int col = c % CPR;
+      const int r = row / NW;
+      const int h = row % NW;
+      const uint32_t d = sb + h * HSTAGE + r * L::RS + col * 16;
+      cp_async16(d, kb + (long long)row * D + col * 16);
+      cp_async16(d + L::VOFF, vb + (long long)row * D + col * 16);
+    }
+    const float* ksb = k_scale + blk * sc_bstride + in0;
+    const float* vsb = v_scale + blk * sc_bstride + in0;
+    for (int c = tid; c < 16 * NW; c += NTH) {
+      const int r = c / NW;
+      const int h = c % NW;
+      const uint32_t d = sb + h * HSTAGE + L::SOFF + r * 4;
+      cp_async4(d, ksb + c);
+      cp_async4(d + 64, vsb + c);
+    }
+  };
+
+  const int cnt = (n + 15) / 16;
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < cnt) issue(s, s);
+    cp_commit();
+  }
+
+  uint32_t qa[KW][2];
+  float qscale;
+  {
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < D / 4; ++j) amax = fmaxf(amax, fabsf(qf[j]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    int e = 0;
+    if (amax > 0.f && amax < INFINITY) {
+      int ex;
+      frexpf(amax, &ex);
+      e = min(max(15 - ex, -120), 120);
+    }
+    const float f = ldexpf(1.f, e);
+#pragma unroll
+    for (int c = 0; c < KW; ++c) {
+      qa[c][0] = pack_h2(qf[4 * c + 0] * f, qf[4 * c + 1] * f);
+      qa[c][1] = pack_h2(qf[4 * c + 2] * f, qf[4 * c + 3] * f);
+    }
+    qscale = scale_log2 * ldexpf(1.f, -e);
+  }
+
+  float m_run = -INFINITY;
+  float l_run = 0.f;
+  float acc[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+  int slot = 0;
+  int nslot = S - 1;
+  for (int i = 0; i < cnt; ++i) {
+    __syncthreads();  // every warp is done with the slot refilled next (step i - 1's)
+    if (i + S - 1 < cnt) issue(i + S - 1, nslot);
+    cp_commit();
+    nslot = nslot + 1 == S ? 0 : nslot + 1;
+    cp_wait<S - 1>();
+    __syncthreads();  // every thread's copies of step i have landed
+
+    const char* sb = ring + slot * STAGE + warp * HSTAGE;
+    slot = slot + 1 == S ? 0 : slot + 1;
+    const int base = i * 16;
+    float ks[4], vs[4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float2 a = *reinterpret_cast<const float2*>(sb + L::SOFF + (8 * j + 2 * t) * 4);
+      const float2 b = *reinterpret_cast<const float2*>(sb + L::SOFF + 64 + (8 * j + 2 * t) * 4);
+      ks[2 * j] = a.x;
+      ks[2 * j + 1] = a.y;
+      vs[2 * j] = b.x;
+      vs[2 * j + 1] = b.y;
+    }
+    float sl[4], sp[4];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+      const uint4* kp = reinterpret_cast<const uint4*>(sb + (8 * j + g) * L::RS + t * (D / 4));
+#pragma unroll
+      for (int c4 = 0; c4 < KW / 4; ++c4) {
+        const uint4 kw = kp[c4];
+        const uint32_t kk[4] = {kw.x, kw.y, kw.z, kw.w};
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          const int cc = 4 * c4 + x;
+          const uint32_t u = kk[x] ^ 0x80808080u;
+          mma16816(c, qa[cc][0], 0u, qa[cc][1], 0u, h2_from_ob(u, 0x4140),
+                   h2_from_ob(u, 0x4342));
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int r = 2 * j + e;
+        const bool valid = base + 8 * j + 2 * t + e < n;
+        const float x = c[e] * (ks[r] * qscale);
+        sl[r] = valid ? x : -INFINITY;
+        sp[r] = valid ? x + lg2(fmaxf(vs[r], 1e-30f)) : -INFINITY;
+        mx = fmaxf(mx, sp[r]);
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run, mx);
+    if (__any_sync(0xffffffffu, m_new > m_run)) {
+      const float alpha = ex2(m_run - m_new);
+      l_run *= alpha;
+#pragma unroll
+      for (int k = 0; k < NT; ++k) {
+        acc[k][0] *= alpha;
+        acc[k][1] *= alpha;
+        acc[k][2] *= alpha;
+        acc[k][3] *= alpha;
+      }
+    }
+    m_run = m_new;
+
+    uint32_t ph[2], pl[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float p0 = ex2(sp[2 * j] - m_new);
+      const float p1 = ex2(sp[2 * j + 1] - m_new);
+      l_run += ex2(sl[2 * j] - m_new) + ex2(sl[2 * j + 1] - m_new);
+      ph[j] = pack_h2(p0, p1);
+      const float2 back = unpack_h2(ph[j]);
+      pl[j] = pack_h2(p0 - back.x, p1 - back.y);
+    }
+    uint32_t vr[4][VW];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const char* p = sb + L::VOFF + ((r >> 1) * 8 + 2 * t + (r & 1)) * L::RS + g * (D / 8);
+      if constexpr (VW == 2) {
+        const uint2 x = *reinterpret_cast<const uint2*>(p);
+        vr[r][0] = x.x;
+        vr[r][1] = x.y;
+      } else {
+#pragma unroll
+        for (int w = 0; w < VW; w += 4) {
+          const uint4 x = *reinterpret_cast<const uint4*>(p + 4 * w);
+          vr[r][w] = x.x;
+          vr[r][w + 1] = x.y;
+          vr[r][w + 2] = x.z;
+          vr[r][w + 3] = x.w;
+        }
+      }
+    }
+#pragma unroll
+    for (int w = 0; w < VW; ++w) {
+      const uint32_t u0 = vr[0][w] ^ 0x80808080u, u1 = vr[1][w] ^ 0x80808080u;
+      const uint32_t u2 = vr[2][w] ^ 0x80808080u, u3 = vr[3][w] ^ 0x80808080u;
+      const uint32_t x01 = __byte_perm(u0, u1, 0x5140), y01 = __byte_perm(u0, u1, 0x7362);
+      const uint32_t x23 = __byte_perm(u2, u3, 0x5140), y23 = __byte_perm(u2, u3, 0x7362);
+      mma16816(acc[4 * w + 0], ph[0], pl[0], ph[1], pl[1], h2_from_ob(x01, 0x4140),
+               h2_from_ob(x23, 0x4140));
+      mma16816(acc[4 * w + 1], ph[0], pl[0], ph[1], pl[1], h2_from_ob(x01, 0x4342),
+               h2_from_ob(x23, 0x4342));
+      mma16816(acc[4 * w + 2], ph[0], pl[0], ph[1], pl[1], h2_from_ob(y01, 0x4140),
+               h2_from_ob(y23, 0x4140));
+      mma16816(acc[4 * w + 3], ph[0], pl[0], ph[1], pl[1], h2_from_ob(y01, 0x4342),
+               h2_from_ob(y23, 0x4342));
+    }
+  }
+  cp_wait<0>();
+
+  // the warp's partition result for its G query rows: no merge (one warp per head)
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  if (g < G) {
+    const long long o = ((long long)seq * H + warp * G + g) * max_parts + part;
+    float* pa = part_acc + o * D;
+#pragma unroll
+    for (int k = 0; k < NT; ++k) {
+      pa[(2 * t) * (D / 8) + k] = acc[k][0] + acc[k][2];
+      pa[(2 * t + 1) * (D / 8) + k] = acc[k][1] + acc[k][3];
+    }
+    if (t == 0) {
+      part_ml[o * 2 + 0] = m_run;
+      part_ml[o * 2 + 1] = l_run;
+    }
+  }
+}
+
 }  // namespace pthfa
 
 #define PTHFA_PART(TN, T, D, G)                                                                  \
@@ -956,10 +1241,11 @@ __device__ __forceinline__ void decode_cp_impl(
           const float* __restrict__ v_scale, const int* __restrict__ block_tables,               \
           int bt_stride, const int* __restrict__ seq_lens, float* __restrict__ part_ml,          \
           float* __restrict__ part_acc, int num_kv_heads, int block_shift, int part_size,        \
-          int max_parts, float scale_log2) {                                                     \
+          int max_parts, float scale_log2, long long kv_bstride, long long sc_bstride) {         \
     pthfa::decode_part_impl<T, D, G, 4>(q, k_cache, v_cache, k_scale, v_scale, block_tables,    \
                                         bt_stride, seq_lens, part_ml, part_acc, num_kv_heads,   \
-                                        block_shift, part_size, max_parts, scale_log2);          \
+                                        block_shift, part_size, max_parts, scale_log2,           \
+                                        kv_bstride, sc_bstride);                                 \
   }
 
 #define PTHFA_REDUCE(TN, T, D)                                                                   \
@@ -980,10 +1266,12 @@ __device__ __forceinline__ void decode_cp_impl(
           const float* __restrict__ v_scale, const int* __restrict__ block_tables,               \
           int bt_stride, const int* __restrict__ seq_lens, float* __restrict__ part_ml,          \
           float* __restrict__ part_acc, int num_kv_heads, int gqa, int block_shift,             \
-          int part_size, int max_parts, float scale_log2) {                                      \
+          int part_size, int max_parts, float scale_log2, long long kv_bstride,                 \
+          long long sc_bstride) {                                                                \
     pthfa::decode_mma_impl<T, D, NS>(q, k_cache, v_cache, k_scale, v_scale, block_tables,       \
                                      bt_stride, seq_lens, part_ml, part_acc, num_kv_heads, gqa, \
-                                     block_shift, part_size, max_parts, scale_log2);             \
+                                     block_shift, part_size, max_parts, scale_log2, kv_bstride, \
+                                     sc_bstride);                                                \
   }
 
 #define PTHFA_CP(TN, T, D, S, MINB)                                                              \
@@ -995,11 +1283,26 @@ __device__ __forceinline__ void decode_cp_impl(
           int bt_stride, const int* __restrict__ seq_lens, float* __restrict__ part_ml,          \
           float* __restrict__ part_acc, T* __restrict__ out, int* __restrict__ counters,        \
           int num_kv_heads, int gqa, int block_shift, int part_size, int max_parts,             \
-          float scale_log2) {                                                                    \
+          float scale_log2, long long kv_bstride, long long sc_bstride) {                        \
     pthfa::decode_cp_impl<T, D, S>(q, k_cache, v_cache, k_scale, v_scale, block_tables,         \
                                    bt_stride, seq_lens, part_ml, part_acc, out, counters,       \
                                    num_kv_heads, gqa, block_shift, part_size, max_parts,        \
-                                   scale_log2);                                                  \
+                                   scale_log2, kv_bstride, sc_bstride);                          \
+  }
+
+#define PTHFA_WB(TN, T, D, S, NW)                                                                \
+  extern "C" __global__ void __launch_bounds__(NW * 32, 1)                                       \
+      pthfa_decode_wb##S##_##TN##_d##D##_h##NW(                                                  \
+          const T* __restrict__ q, const int8_t* __restrict__ k_cache,                           \
+          const int8_t* __restrict__ v_cache, const float* __restrict__ k_scale,                 \
+          const float* __restrict__ v_scale, const int* __restrict__ block_tables,               \
+          int bt_stride, const int* __restrict__ seq_lens, float* __restrict__ part_ml,          \
+          float* __restrict__ part_acc, int gqa, int block_shift, int part_size, int max_parts,  \
+          float scale_log2, long long kv_bstride, long long sc_bstride) {                        \
+    pthfa::decode_wb_impl<T, D, S, NW>(q, k_cache, v_cache, k_scale, v_scale, block_tables,     \
+                                       bt_stride, seq_lens, part_ml, part_acc, gqa,              \
+                                       block_shift, part_size, max_parts, scale_log2,            \
+                                       kv_bstride, sc_bstride);                                  \
   }
 
 #define PTHFA_ALL_G(TN, T, D) \
@@ -1018,6 +1321,11 @@ PTHFA_ALL_G(bf16, __nv_bfloat16, 256)
 PTHFA_ALL_G(fp16, __half, 64)
 PTHFA_ALL_G(fp16, __half, 128)
 PTHFA_ALL_G(fp16, __half, 256)
+// the whole-block kernel: 8 KV heads (one warp each), head_dim 128, 4 or 5 stages
+PTHFA_WB(bf16, __nv_bfloat16, 128, 4, 8)
+PTHFA_WB(fp16, __half, 128, 4, 8)
+PTHFA_WB(bf16, __nv_bfloat16, 128, 5, 8)
+PTHFA_WB(fp16, __half, 128, 5, 8)
 
 #ifdef PTHFA_PROBES
 // Measurement probes of cp3 (bf16, head_dim 128): see decode_cp_impl's P.
@@ -1032,7 +1340,8 @@ PTHFA_ALL_G(fp16, __half, 256)
     pthfa::decode_cp_impl<__nv_bfloat16, 128, 3, P>(                                             \
         q, k_cache, v_cache, k_scale, v_scale, block_tables, bt_stride, seq_lens, part_ml,       \
         part_acc, nullptr, nullptr, num_kv_heads, gqa, block_shift, part_size, max_parts,        \
-        scale_log2);                                                                             \
+        scale_log2, (128LL << block_shift) * num_kv_heads,                                       \
+        (1LL << block_shift) * num_kv_heads);                                                    \
   }
 PTHFA_PROBE(1)
 PTHFA_PROBE(2)

@@ -209,6 +209,10 @@ def kernel_steps(
         for a in wanted
     ]
     names = dict(manifest_files(src, "python/pthfa"))
+    # vLLM finds pthfa's backend by the plugin entry point in the wheel's dist-info.
+    points = dict(manifest_files(src, ".", suffixes=("entry_points.txt",)))
+    if "entry_points.txt" in points:
+        names["dist-info/entry_points.txt"] = points["entry_points.txt"]
     wheel = Step(
         kind="pthfa-wheel", implementation=implementation("pthfa-wheel"), name="pthfa-wheel",
         params={"version": r.pthfa.tag.lstrip("v"), "archs": wanted},

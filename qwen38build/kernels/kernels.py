@@ -247,8 +247,12 @@ def write_pthfa_wheel(
     *,
     epoch: int | None = None,
     tag: str = "py3-none-linux_x86_64",
+    entry_points: bytes | None = None,
 ) -> Path:
     """Write ``pthfa-<version>-<tag>.whl`` into ``out_dir``; same inputs, same bytes.
+
+    ``entry_points`` becomes the dist-info's ``entry_points.txt`` (pthfa's vLLM plugin
+    registration, ``pthfa/entry_points.txt``).
 
     ``package_dir`` is the Python package (``pthfa/python/pthfa``): its files go under
     ``pthfa/`` (``__pycache__``, ``*.pyc`` and any ``cubins/`` already there left out); the
@@ -286,6 +290,8 @@ def write_pthfa_wheel(
         "Root-Is-Purelib: false\n"
         f"Tag: {tag}\n"
     ).encode()
+    if entry_points is not None:
+        files[f"{dist}/entry_points.txt"] = entry_points
     record_name = f"{dist}/RECORD"
     files[record_name] = record.render(
         {name: (record.hash_of(data), len(data)) for name, data in files.items()}, record_name)

@@ -16,9 +16,17 @@ IMPLEMENTATION = (
 )
 
 
+# The input that is the dist-info's entry_points.txt (vLLM finds pthfa's plugin by it).
+ENTRY_POINTS = "dist-info/entry_points.txt"
+
+
 def run(ctx: Context) -> None:
     package = ctx.scratch / "pthfa"
+    entry_points = None
     for name, _ in ctx.step.inputs:
+        if name == ENTRY_POINTS:
+            entry_points = ctx.input_path(name).read_bytes()
+            continue
         dest = package / name
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ctx.input_path(name), dest)
@@ -27,4 +35,5 @@ def run(ctx: Context) -> None:
         entry.file(name) for entry in (ctx.dep_entry(dep) for dep, _ in ctx.step.deps)
         for name in entry.outputs
     )
-    write_pthfa_wheel(package, kernels, ctx.out, str(ctx.step.params["version"]))
+    write_pthfa_wheel(package, kernels, ctx.out, str(ctx.step.params["version"]),
+                      entry_points=entry_points)

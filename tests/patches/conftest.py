@@ -67,6 +67,9 @@ EXTRA_MEMBERS: list[str] = [
     "model_executor/layers/logits_processor.py",
     "model_executor/models/interfaces.py",
     "v1/worker/gpu/spec_decode/eagle/utils.py",
+    "v1/attention/backends/registry.py",
+    "v1/attention/selector.py",
+    "plugins/__init__.py",
 ]
 
 

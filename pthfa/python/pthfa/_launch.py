@@ -123,10 +123,13 @@ def _torch() -> _Torch:
 
 # Kernel argument formats, one character per argument (struct's codes, native alignment):
 # Q a device pointer, i int32, q int64, f float32. They must match the kernels' signatures.
-FMT_QUANTIZE = "QQQQQQQiiqqqq"
-FMT_PART = "QQQQQQiQQQiiiif"        # simt: ..., num_kv_heads, block_shift, part, parts, scale
-FMT_MMA = "QQQQQQiQQQiiiiif"        # mma1: ..., num_kv_heads, gqa, block_shift, ...
-FMT_CP = "QQQQQQiQQQQQiiiiif"       # cp3/cp4: ..., part_acc, out, counters, num_kv_heads, ...
+# The partition kernels and quantize end with the caches' block strides (K/V bytes, scale
+# floats).
+FMT_QUANTIZE = "QQQQQQQiiqqqqiqq"
+FMT_PART = "QQQQQQiQQQiiiifqq"      # simt: ..., num_kv_heads, block_shift, part, parts, scale
+FMT_MMA = "QQQQQQiQQQiiiiifqq"      # mma1: ..., num_kv_heads, gqa, block_shift, ...
+FMT_CP = "QQQQQQiQQQQQiiiiifqq"     # cp3/cp4: ..., part_acc, out, counters, num_kv_heads, ...
+FMT_WB = "QQQQQQiQQQiiiifqq"        # wb: ..., part_acc, gqa, block_shift, part, parts, scale
 FMT_REDUCE = "QQQQiii"
 
 
@@ -322,7 +325,7 @@ def _workspace(t: _Torch, device: int, stream: int, counters: int, nbytes: int,
     return buf.data_ptr(), buf.data_ptr() + head, buf
 
 
-IMPLS = ("simt", "mma1", "cp3", "cp4")
+IMPLS = ("simt", "mma1", "cp3", "cp4", "wb4", "wb5")
 DEFAULT = "cp3"
 
 
@@ -414,8 +417,10 @@ def plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int, gq
             raise ValueError(f"PTHFA_PART_SIZE must be a multiple of 16 and of block_size "
                              f"{block_size}, got {part}")
         return impl, part
-    if impl.startswith("cp"):
-        stages = int(impl[2:])
+    if impl.startswith("wb") and V.wb_supported(num_kv_heads, head_dim, block_size):
+        part = V.choose_part_size_wb(num_seqs, max_seq_len, block_size, num_sms)
+    elif impl.startswith("cp") or impl.startswith("wb"):
+        stages = int(impl[2:]) if impl.startswith("cp") else 3
         smem = V.smem_bytes_cp(2048, block_size, gqa, head_dim, stages)
         per_sm = max(1, min(3 if stages == 3 else 2, (228 << 10) // (smem + 1024)))
         part = V.choose_part_size_cp(num_seqs, num_kv_heads, max_seq_len, block_size, num_sms,
@@ -505,7 +510,8 @@ def quantize_kv(key: Any, value: Any, k_cache: Any, v_cache: Any, k_scale: Any, 
         kernel = (_kernel(a.device, f"pthfa_quantize_{a.dtype}_d{a.head_dim}", FMT_QUANTIZE)
                   if a.num_tokens else None)
         p = sig.plans[()] = (kernel, (max(1, math.ceil(warps / V.WARPS)), 1, 1),
-                             (a.num_tokens, a.num_kv_heads, *a.key_strides, *a.value_strides),
+                             (a.num_tokens, a.num_kv_heads, *a.key_strides, *a.value_strides,
+                              a.block_shift, a.kv_bstride, a.sc_bstride),
                              {})
     kernel, grid, ints = p[0], p[1], p[2]
     blocks: dict[int, _ArgBlock] = p[3]
@@ -558,6 +564,7 @@ class _DecodePlan:
         "reduce_grid",
         "reduce_ints",
         "smem",
+        "threads",
         "work_bytes",
     )
 
@@ -579,6 +586,9 @@ class _DecodePlan:
         else:
             V.check_part_size(part_size, a.block_size, a.gqa, a.head_dim)
             impl = decode_impl(a.head_dim, part_size)
+        if impl.startswith("wb") and not V.wb_supported(a.num_kv_heads, a.head_dim,
+                                                        a.block_size):
+            impl = DEFAULT  # the whole-block kernel is built for 8 KV heads of 128 dims
         max_parts = max(1, math.ceil(max_seq_len / part_size))
         rows = a.num_seqs * a.num_heads * max_parts
         # the accumulators first, so both buffers start 256-byte aligned
@@ -588,16 +598,27 @@ class _DecodePlan:
         scale_log2 = float(sm_scale) * math.log2(math.e)
         self.part_ints: tuple[Any, ...]
         self.grid = (max_parts, a.num_kv_heads, a.num_seqs)
-        if impl == "simt":
+        self.threads = V.THREADS
+        if impl.startswith("wb"):
+            name = f"pthfa_decode_{impl}_{a.dtype}_d{a.head_dim}_h{a.num_kv_heads}"
+            self.fmt = FMT_WB
+            self.grid = (max_parts, 1, a.num_seqs)
+            self.threads = 32 * a.num_kv_heads
+            self.part_ints = (a.gqa, block_shift, part_size, max_parts, scale_log2,
+                              a.kv_bstride, a.sc_bstride)
+            self.smem = V.smem_bytes_wb(part_size, a.block_size, a.num_kv_heads, a.head_dim,
+                                        int(impl[2:]))
+        elif impl == "simt":
             name = f"pthfa_decode_part_{a.dtype}_d{a.head_dim}_g{a.gqa}"
             self.fmt = FMT_PART
-            self.part_ints = (a.num_kv_heads, block_shift, part_size, max_parts, scale_log2)
+            self.part_ints = (a.num_kv_heads, block_shift, part_size, max_parts, scale_log2,
+                              a.kv_bstride, a.sc_bstride)
             self.smem = V.smem_bytes(part_size, a.block_size, a.gqa, a.head_dim)
         else:
             name = f"pthfa_decode_{impl}_{a.dtype}_d{a.head_dim}"
             self.fmt = FMT_CP if impl.startswith("cp") else FMT_MMA
             self.part_ints = (a.num_kv_heads, a.gqa, block_shift, part_size, max_parts,
-                              scale_log2)
+                              scale_log2, a.kv_bstride, a.sc_bstride)
             self.smem = (V.smem_bytes_cp(part_size, a.block_size, a.gqa, a.head_dim,
                                          int(impl[2:]))
                          if impl.startswith("cp") else
@@ -695,7 +716,7 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
                                 k_scale.data_ptr(), v_scale.data_ptr(),
                                 block_tables.data_ptr(), a.bt_stride, seq_ptr, part_ml, work,
                                 out.data_ptr(), counters)
-            drv.launch(p.part.fn, g[0], g[1], g[2], V.THREADS, 1, 1, p.smem, stream,
+            drv.launch(p.part.fn, g[0], g[1], g[2], p.threads, 1, 1, p.smem, stream,
                        blocks[0].address, 0)
             return out
         if max_seq_len > 0:
@@ -706,7 +727,7 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
                 blocks[0].pack_head(*head, 0, 0)
             else:
                 blocks[0].pack_head(*head)
-            drv.launch(p.part.fn, g[0], g[1], g[2], V.THREADS, 1, 1, p.smem, stream,
+            drv.launch(p.part.fn, g[0], g[1], g[2], p.threads, 1, 1, p.smem, stream,
                        blocks[0].address, 0)
         blocks[1].pack_head(part_ml, work, seq_ptr, out.data_ptr())
         g = p.reduce_grid
@@ -716,12 +737,13 @@ def decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any,
     head = (query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_scale.data_ptr(),
             v_scale.data_ptr(), block_tables.data_ptr(), a.bt_stride, seq_ptr, part_ml, work)
     if fused:
-        p.part.run(t, stream, p.grid, _THREADS3,
+        p.part.run(t, stream, p.grid, (p.threads, 1, 1),
                    (*head, out.data_ptr(), counters, *p.part_ints), p.smem)
         return out
     if max_seq_len > 0:
         extra = (0, 0) if p.fmt == FMT_CP else ()
-        p.part.run(t, stream, p.grid, _THREADS3, (*head, *extra, *p.part_ints), p.smem)
+        p.part.run(t, stream, p.grid, (p.threads, 1, 1), (*head, *extra, *p.part_ints),
+                   p.smem)
     p.reduce.run(t, stream, p.reduce_grid, p.reduce_block,
                  (part_ml, work, seq_ptr, out.data_ptr(), *p.reduce_ints), 0)
     return out

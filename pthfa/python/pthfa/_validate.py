@@ -75,7 +75,29 @@ def _same_device(named: dict[str, Any]) -> int:
     return dev[1] or 0
 
 
-def _cache_pair(k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any) -> tuple[int, ...]:
+def _block_stride(name: str, x: Any, inner: tuple[int, ...], align: int) -> int:
+    """The stride between blocks of a paged cache whose every block is contiguous inside
+    (strides ``inner`` for the dimensions after the first): vLLM's cache is such a view when
+    a block's page holds more than this one tensor. The stride must leave the blocks apart
+    (at least a block) and keep each block ``align``-element aligned."""
+    st = tuple(int(v) for v in x.stride())
+    shp = _shape(x)
+    if st[1:] != inner and not x.is_contiguous():
+        raise ValueError(f"{name} must be contiguous inside each block (strides "
+                         f"{list(inner)} after the first), got strides {list(st)}")
+    span = 1
+    for n in shp[1:]:
+        span *= n
+    if shp[0] <= 1 or x.is_contiguous():
+        return span
+    if st[0] < span or st[0] % align:
+        raise ValueError(f"{name}'s block stride {st[0]} must be at least a block ({span}) "
+                         f"and a multiple of {align}")
+    return st[0]
+
+
+def _cache_pair(k_cache: Any, v_cache: Any, k_scale: Any,
+                v_scale: Any) -> tuple[tuple[int, ...], int, int]:
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("k_scale", k_scale),
                     ("v_scale", v_scale)):
         _tensor(name, x)
@@ -90,15 +112,20 @@ def _cache_pair(k_cache: Any, v_cache: Any, k_scale: Any, v_scale: Any) -> tuple
             raise ValueError(f"{name} must have shape [num_blocks, block_size, num_kv_heads] = "
                              f"{list(shp[:3])}, got {list(_shape(s))}")
         _want_dtype(name, s, "torch.float32")
-    for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("k_scale", k_scale),
-                    ("v_scale", v_scale)):
-        _contig(name, x)
-    _nb, bs, _kvh, d = shp
+    _nb, bs, kvh, d = shp
+    kvb = _block_stride("k_cache", k_cache, (kvh * d, d, 1), 16)
+    if _block_stride("v_cache", v_cache, (kvh * d, d, 1), 16) != kvb:
+        raise ValueError(f"v_cache's strides {list(v_cache.stride())} differ from k_cache's "
+                         f"{list(k_cache.stride())}")
+    scb = _block_stride("k_scale", k_scale, (kvh, 1), 1)
+    if _block_stride("v_scale", v_scale, (kvh, 1), 1) != scb:
+        raise ValueError(f"v_scale's strides {list(v_scale.stride())} differ from k_scale's "
+                         f"{list(k_scale.stride())}")
     if d not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {list(HEAD_DIMS)}, got {d}")
     if bs <= 0 or bs & (bs - 1) or bs > 512:
         raise ValueError(f"block_size must be a power of two up to 512, got {bs}")
-    return shp
+    return shp, kvb, scb
 
 
 @dataclass(frozen=True)
@@ -110,6 +137,9 @@ class QuantizeArgs:
     head_dim: int
     key_strides: tuple[int, int]
     value_strides: tuple[int, int]
+    block_shift: int = 0
+    kv_bstride: int = 0  # bytes between the blocks of k_cache and v_cache
+    sc_bstride: int = 0  # floats between the blocks of k_scale and v_scale
 
 
 def check_quantize(key: Any, value: Any, k_cache: Any, v_cache: Any, k_scale: Any,
@@ -118,7 +148,7 @@ def check_quantize(key: Any, value: Any, k_cache: Any, v_cache: Any, k_scale: An
     _tensor("key", key)
     _tensor("value", value)
     _tensor("slot_mapping", slot_mapping)
-    shp = _cache_pair(k_cache, v_cache, k_scale, v_scale)
+    shp, kvb, scb = _cache_pair(k_cache, v_cache, k_scale, v_scale)
     kshape = _ndim("key", key, 3, "[num_tokens, num_kv_heads, head_dim]")
     if _shape(value) != kshape:
         raise ValueError(f"value has shape {list(_shape(value))}, key {list(kshape)}; "
@@ -144,7 +174,8 @@ def check_quantize(key: Any, value: Any, k_cache: Any, v_cache: Any, k_scale: An
                         "k_scale": k_scale, "v_scale": v_scale, "slot_mapping": slot_mapping})
     ks, vs = key.stride(), value.stride()
     return QuantizeArgs(dev, FLOAT_DTYPES[_dtype(key)], kshape[0], kshape[1], kshape[2],
-                        (int(ks[0]), int(ks[1])), (int(vs[0]), int(vs[1])))
+                        (int(ks[0]), int(ks[1])), (int(vs[0]), int(vs[1])),
+                        shp[1].bit_length() - 1, kvb, scb)
 
 
 @dataclass(frozen=True)
@@ -158,6 +189,8 @@ class DecodeArgs:
     block_size: int
     max_blocks: int
     bt_stride: int
+    kv_bstride: int = 0  # bytes between the blocks of k_cache and v_cache
+    sc_bstride: int = 0  # floats between the blocks of k_scale and v_scale
 
     @property
     def gqa(self) -> int:
@@ -170,7 +203,7 @@ def check_decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: 
     _tensor("query", query)
     _tensor("block_tables", block_tables)
     _tensor("seq_lens", seq_lens)
-    _nb, bs, kvh, d = _cache_pair(k_cache, v_cache, k_scale, v_scale)
+    (_nb, bs, kvh, d), kvb, scb = _cache_pair(k_cache, v_cache, k_scale, v_scale)
     s, h, qd = _ndim("query", query, 3, "[num_seqs, num_heads, head_dim]")
     if qd != d:
         raise ValueError(f"query's head_dim {qd} does not match the cache's {d}")
@@ -208,7 +241,8 @@ def check_decode(query: Any, k_cache: Any, v_cache: Any, k_scale: Any, v_scale: 
         named["out"] = out
     dev = _same_device(named)
     bt_stride = int(block_tables.stride()[0]) if bt[0] > 0 else bt[1]
-    return DecodeArgs(dev, FLOAT_DTYPES[_dtype(query)], s, h, kvh, d, bs, bt[1], bt_stride)
+    return DecodeArgs(dev, FLOAT_DTYPES[_dtype(query)], s, h, kvh, d, bs, bt[1], bt_stride,
+                      kvb, scb)
 
 
 def smem_bytes(part_size: int, block_size: int, gqa: int, head_dim: int) -> int:
@@ -233,6 +267,32 @@ def smem_bytes_cp(part_size: int, block_size: int, gqa: int, head_dim: int, stag
     bt_cap = ((part_size // block_size) + 3) & ~3
     stage = 32 * (head_dim + 16) + 2 * 16 * 4
     return 4 * (bt_cap + WARPS * 16) + max(WARPS * stages * stage, 4 * WARPS * gqa * head_dim)
+
+
+def wb_supported(num_kv_heads: int, head_dim: int, block_size: int) -> bool:
+    """The whole-block kernel is built for 8 KV heads (one warp each) of 128 dims, and takes
+    16-token steps inside one block."""
+    return num_kv_heads == 8 and head_dim == 128 and block_size >= 16
+
+
+def smem_bytes_wb(part_size: int, block_size: int, num_kv_heads: int, head_dim: int,
+                  stages: int) -> int:
+    """Dynamic shared memory of the whole-block kernel wb<stages> (must match decode.cu): the
+    block-table slice, then ``stages`` stages of every head's cp3 stage."""
+    bt_cap = ((part_size // block_size) + 3) & ~3
+    stage = 32 * (head_dim + 16) + 2 * 16 * 4
+    return 4 * bt_cap + stages * num_kv_heads * stage
+
+
+def choose_part_size_wb(num_seqs: int, max_seq_len: int, block_size: int,
+                        num_sms: int) -> int:
+    """For the whole-block kernel (one CTA of 8 warps per SM): the shortest power-of-two
+    partition (16 up to 65536 tokens, never below block_size) that keeps the grid within one
+    wave of CTAs."""
+    p = max(16, block_size)
+    while p < 65536 and num_seqs * -(-max(max_seq_len, 1) // p) > num_sms:
+        p *= 2
+    return p
 
 
 def check_part_size(part_size: Any, block_size: int, gqa: int, head_dim: int) -> int:
