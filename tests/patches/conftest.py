@@ -54,6 +54,7 @@ EXTRA_MEMBERS: list[str] = [
     "v1/worker/mamba_utils.py",
     "model_executor/layers/mamba/mamba_utils.py",
     "v1/attention/backends/utils.py",
+    "v1/worker/gpu/warmup.py",
 ]
 
 
