@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
@@ -41,7 +40,7 @@ def _warmup(tree: Path, *, adaptive: bool = False) -> tuple[list[_Output], list[
         NewRequestData=SimpleNamespace(from_request=lambda req, **kw: req),
         Request=lambda *a, **kw: a[0],
         SamplingParams=SimpleNamespace(for_sampler_warmup=lambda: "warmup-params"),
-        GrammarOutput=lambda **kw: SimpleNamespace(**kw),
+        GrammarOutput=SimpleNamespace,
         _warmup_block_counter=lambda runner: (lambda n, spec: -(-n // 16)),
         torch=SimpleNamespace(accelerator=SimpleNamespace(synchronize=lambda: None)),
     )
