@@ -25,7 +25,11 @@ class _AfterWindow(Exception):
     """The measured branch went past the profiling window."""
 
 
-def run(tree: Path, *, pinned: bool) -> list[Any]:
+def run(tree: Path, *, pinned: bool, real: dict[str, Any] | None = None,
+        profile: Any = None) -> list[Any]:
+    """``real`` replaces names of the method's namespace (the GPU test hands in torch, gc
+    and vLLM's own ``memory_profiling``); ``profile`` is called inside each recorded
+    ``profile_run``."""
     events: list[Any] = []
     state = {"profiling": False, "config": False, "split": False}
 
@@ -43,6 +47,8 @@ def run(tree: Path, *, pinned: bool) -> list[Any]:
 
     def profile_run(randomize_inputs: Any = None) -> None:
         events.append(("profile_run", dict(state), randomize_inputs is RANDOMIZE))
+        if profile is not None:
+            profile()
 
     def platform_check() -> bool:
         raise _AfterWindow
@@ -52,7 +58,7 @@ def run(tree: Path, *, pinned: bool) -> list[Any]:
         empty_cache=lambda: events.append("empty_cache")))
     namespace = {
         "torch": torch,
-        "gc": SimpleNamespace(collect=lambda *a: events.append("gc") or 0),
+        "gc": SimpleNamespace(collect=lambda *a: events.append("gc")),
         "maybe_apply_startup_plan": lambda worker: None,
         "set_current_vllm_config": lambda config: flag("config"),
         "memory_profiling": lambda *a, **k: flag("profiling", "enter_profiling"),
@@ -63,6 +69,7 @@ def run(tree: Path, *, pinned: bool) -> list[Any]:
         "current_platform": SimpleNamespace(is_cuda_alike=platform_check,
                                             is_xpu=platform_check),
     }
+    namespace.update(real or {})
     determine = exec_function(tree / "v1/worker/gpu_worker.py",
                               "Worker.determine_available_memory", namespace)
     worker = SimpleNamespace(
@@ -71,7 +78,7 @@ def run(tree: Path, *, pinned: bool) -> list[Any]:
         model_runner=SimpleNamespace(profile_run=profile_run, model_memory_usage=1 << 30),
         randomize_dummy_inputs=RANDOMIZE,
         vllm_config=SimpleNamespace(),
-        init_snapshot=SimpleNamespace(free_memory=40 << 30),
+        init_snapshot=(real or {}).get("init_snapshot", SimpleNamespace(free_memory=40 << 30)),
         model_config=SimpleNamespace(multimodal_config=None),
         parallel_config=SimpleNamespace(),
         _scoped_allocator_max_split=lambda max_split_size_mb: flag("split"),

@@ -10,6 +10,8 @@ allocates during the capture. Real captures: tests/gpu/test_cudagraph_memory_fro
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,8 +34,8 @@ class _Memory:
         self.capturing = False
 
     def torch(self) -> Any:
-        @__import__("contextlib").contextmanager
-        def graph(*a: Any, **k: Any) -> Any:
+        @contextmanager
+        def graph(*a: Any, **k: Any) -> Iterator[None]:
             self.capturing = True
             yield
             self.capturing = False

@@ -158,7 +158,7 @@ class _Act:
         self.dtype, self.itemsize = dtype, dtype.itemsize
 
     def __eq__(self, other: object) -> bool:
-        return other == self.dtype
+        return bool(other == self.dtype)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -215,7 +215,7 @@ def test_patched_kernel_repacks_the_folded_tensors(patched_vllm: Path) -> None:
 
 
 def test_patched_kernel_leaves_other_paths_alone(patched_vllm: Path) -> None:
-    cases = [dict(act=_Act(torch.float8_e4m3fn)),             # fp8 activations
+    cases: list[dict[str, Any]] = [dict(act=_Act(torch.float8_e4m3fn)),             # fp8 activations
              dict(act=_Act(torch.int8), group_size=-1),       # channelwise
              dict(act=_Act(torch.int8), group_size=512),      # one group
              dict(act=_Act(torch.int8), zero_points=True)]    # asymmetric
