@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ._helpers import assert_pristine_lacks, exec_function, load_module
+from ._helpers import assert_pristine_lacks, exec_function, load_envs, load_module
 
 pytestmark = pytest.mark.e2e
 torch = pytest.importorskip("torch")
@@ -171,6 +171,7 @@ def _load(tree: Path, act: Any, *, group_size: int = 128, zero_points: bool = Fa
     rec = _Recorder()
     u = _utils(tree)
     namespace = {**u, "torch": torch, "scalar_types": st, "ops": rec.ops(),
+                 "envs": load_envs(tree),
                  "permute_param_layout_": lambda x, **kw: None,
                  "BasevLLMParameter": torch.nn.Parameter,
                  "marlin_permute_scales": rec.permute_scales,
