@@ -128,3 +128,85 @@ def accelerator_torch() -> Any:
     record(f"  (torch {torch.__version__} lacks some torch.accelerator memory calls: "
            "routed to torch.cuda)")
     return view
+
+
+def import_from_tree(tree: Path, name: str, stubs: dict[str, types.ModuleType]) -> Any:
+    """Import ``name`` (e.g. ``vllm.model_executor.layers.mamba.ops.causal_conv1d``) from
+    ``tree`` with its parent packages as empty namespace modules whose ``__path__`` points
+    into the tree (no package ``__init__.py`` runs) and ``stubs`` in place; the real
+    sibling modules it imports load from the tree. ``sys.modules`` is restored after."""
+    import importlib
+    import sys
+
+    saved = {key: mod for key, mod in sys.modules.items()
+             if key == "vllm" or key.startswith("vllm.")}
+    for key in saved:
+        del sys.modules[key]
+    parts = name.split(".")
+    try:
+        for i in range(1, len(parts)):
+            package = ".".join(parts[:i])
+            module = types.ModuleType(package)
+            module.__path__ = [str(tree.joinpath(*parts[1:i]))]
+            sys.modules[package] = module
+        sys.modules.update(stubs)
+        return importlib.import_module(name)
+    finally:
+        for key in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
+            del sys.modules[key]
+        sys.modules.update(saved)
+
+
+def kernel_stubs() -> dict[str, types.ModuleType]:
+    """The stubs harness H uses for vLLM's Triton kernel files: real Triton, a CUDA
+    platform, a logger, ``vllm.envs`` over ``os.environ``, empty compiled ops."""
+    import logging
+
+    import triton
+    import triton.language as tl
+
+    def module(name: str, **attrs: Any) -> types.ModuleType:
+        mod = types.ModuleType(name)
+        mod.__dict__.update(attrs)
+        return mod
+
+    try:
+        import triton.language.extra.libdevice as tldevice
+    except ImportError:  # pragma: no cover - older Triton
+        tldevice = None
+    platform = SimpleNamespace(
+        is_cuda=lambda: True, is_rocm=lambda: False, is_xpu=lambda: False,
+        is_cpu=lambda: False, is_cuda_alike=lambda: True,
+        is_arch_support_pdl=lambda: False, device_name="cuda",
+        get_device_capability=lambda device_id=0: SimpleNamespace(major=9, minor=0),
+        is_device_capability=lambda *a: False, has_device_capability=lambda *a: True,
+        fp8_dtype=lambda: None, num_compute_units=lambda *a: 132)
+
+    class _OnceLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+        def info_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
+            self.info(msg, *args)
+
+        def warning_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
+            self.warning(msg, *args)
+
+        def debug_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
+            self.debug(msg, *args)
+
+    class _Envs(types.ModuleType):
+        def __getattr__(self, name: str) -> Any:
+            return os.environ.get(name)
+
+    return {
+        "vllm.triton_utils": module("vllm.triton_utils", tl=tl, triton=triton,
+                                    tldevice=tldevice, HAS_TRITON=True),
+        "vllm.platforms": module("vllm.platforms", current_platform=platform),
+        "vllm.logger": module("vllm.logger",
+                              init_logger=lambda name: _OnceLogger(logging.getLogger(name), {})),
+        "vllm.envs": _Envs("vllm.envs"),
+        "vllm._custom_ops": module("vllm._custom_ops"),
+        "vllm.v1.attention.backends.utils": module("vllm.v1.attention.backends.utils",
+                                                   PAD_SLOT_ID=-1, NULL_BLOCK_ID=0),
+        "vllm.utils.platform_utils": module(
+            "vllm.utils.platform_utils",
+            get_device_name_as_file_name=lambda *a: "NVIDIA_H200"),
+    }
