@@ -65,7 +65,8 @@ def run_fused_recurrent(mod: Any, device: str) -> Run:
         d["q"], d["k"], d["v"], gate, beta, d["K"] ** -0.5, state,
         inplace_final_state=True, ssm_state_indices=c["idx"],
         num_accepted_tokens=c["acc"], use_qk_l2norm_in_kernel=True)
-    return [o[0, r] for r in range(N)], {"state": state}, {"state": d["state"]}
+    # the wrappers return o squeezed to [N, T, HV, V]
+    return [o[r] for r in range(N)], {"state": state}, {"state": d["state"]}
 
 
 def run_fused_sigmoid_gating(mod: Any, device: str) -> Run:
@@ -81,7 +82,8 @@ def run_fused_sigmoid_gating(mod: Any, device: str) -> Run:
         q=d["q"], k=d["k"], v=d["v"], scale=d["K"] ** -0.5, initial_state=state,
         inplace_final_state=True, ssm_state_indices=c["idx"],
         num_accepted_tokens=c["acc"], use_qk_l2norm_in_kernel=True)
-    return [o[0, r] for r in range(N)], {"state": state}, {"state": d["state"]}
+    # the wrappers return o squeezed to [N, T, HV, V]
+    return [o[r] for r in range(N)], {"state": state}, {"state": d["state"]}
 
 
 def run_causal_conv1d(mod: Any, device: str) -> Run:
