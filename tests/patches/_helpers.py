@@ -19,8 +19,6 @@ from typing import Any
 
 import pytest
 
-from .conftest import PATCHES_DIR, SERIES
-
 _counter = itertools.count(1)
 
 
@@ -265,6 +263,9 @@ class FakeClock:
 
 def tree_before(pristine: Path, dest: Path, topic: str) -> Path:
     """A copy of the pristine files with the series applied up to, not including, ``topic``."""
+    # Imported here: the GPU tests use these helpers where the engine is not installed.
+    from .conftest import PATCHES_DIR, SERIES
+
     tree = dest / f"before-{topic}"
     shutil.copytree(pristine, tree)
     for name in SERIES[: SERIES.index(topic)]:

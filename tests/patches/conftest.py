@@ -70,6 +70,7 @@ EXTRA_MEMBERS: list[str] = [
     "v1/attention/backends/registry.py",
     "v1/attention/selector.py",
     "plugins/__init__.py",
+    "v1/worker/gpu/warmup.py",
 ]
 
 
