@@ -123,6 +123,7 @@ class FaultHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.requests.append(f"{self.command} {self.path}")
+        self.server.auths.append(self.headers.get("Authorization"))
         data = self._file()
         for part, fault in self.server.faults.items():
             if part in self.path:
@@ -148,6 +149,7 @@ class FaultServer(ThreadingHTTPServer):
         self.root = root
         self.faults: dict[str, Fault] = {}
         self.requests: list[str] = []
+        self.auths: list[str | None] = []  # the Authorization header of each GET or HEAD
 
     def handle_error(self, request: object, client_address: object) -> None:
         pass  # a client that hangs up on a fault is the point, not a failure

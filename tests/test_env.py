@@ -4,6 +4,7 @@ with no network, accepted by verify; and each refusal before anything is made.""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -145,8 +146,23 @@ def test_a_directory_that_is_not_an_environment_is_left_alone(
     dest.mkdir()
     (dest / "keep.txt").write_text("mine\n")
     assert built.run("env", str(dest), "--python", sys.executable) == 2
-    assert "exists and is not a virtual environment" in capsys.readouterr().err
+    assert "exists and is not an environment `env` made" in capsys.readouterr().err
     assert [p.name for p in dest.iterdir()] == ["keep.txt"]
+
+
+def test_a_virtual_environment_env_did_not_make_keeps_its_packages(
+    built: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Syncing it to the lock would uninstall the user's packages: refused, untouched."""
+    dest = tmp_path / "theirs"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest)], check=True)
+    site = next(dest.glob("lib/python*/site-packages"))
+    (site / "gamma.py").write_text("VALUE = 1\n")
+    before = sorted(str(q.relative_to(dest)) for q in dest.rglob("*"))
+    assert built.run("env", str(dest), "--python", sys.executable) == 2
+    err = capsys.readouterr().err
+    assert "a virtual environment made by something else" in err and err.count("\n") == 1
+    assert sorted(str(q.relative_to(dest)) for q in dest.rglob("*")) == before
 
 
 def test_offline_once_uvs_cache_holds_the_locked_files(

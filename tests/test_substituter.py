@@ -383,3 +383,31 @@ def test_substitution_is_top_down_a_kernels_build_fetches_only_the_kernels(
             held = {json.loads(p.read_text())["derivation"]["kind"]
                     for p in (store_b / "objects").glob("*.json")}
             assert held == {"pthfa-wheel"}, cache_holds
+
+
+def test_a_credential_reaches_only_the_cache_it_names(
+        pushed: Pushed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Two caches asked in order, a credential for the second only: the first (another
+    host, say an untrusted mirror) never sees it; the second gets it on every request."""
+    with cf.fault_server(tmp_path / "empty") as first, \
+            cf.fault_server(pushed.root) as second:
+        monkeypatch.setenv("QWEN38BUILD_CACHE_AUTH", f"{second.url}=Bearer s3cret\n")
+        rc = pushed.build_on(tmp_path / "store-b", "--substituter", first.url,
+                             "--substituter", second.url,
+                             "--trusted-public-key", pushed.trusted)
+        assert rc == 0, capsys.readouterr().err
+        assert first.requests and set(first.auths) == {None}
+        assert second.requests and set(second.auths) == {"Bearer s3cret"}
+
+
+@pytest.mark.parametrize("value", ["Bearer s3cret", "cache.example.org=Bearer x",
+                                   "https://cache.example.org/q38="])
+def test_a_credential_not_scoped_to_a_cache_is_bad_input(
+        project: Project, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        value: str) -> None:
+    monkeypatch.setenv("QWEN38BUILD_CACHE_AUTH", value)
+    assert project.run("build", "--no-link", "-q") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: $QWEN38BUILD_CACHE_AUTH: line 1 is not URL=VALUE")
+    assert not (project.store / "objects").exists()

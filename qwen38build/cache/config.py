@@ -165,4 +165,7 @@ def load(
         cfg = replace(cfg, trusted_keys=tuple(PublicKey.parse(k, "--trusted-public-key")
                                               for k in trusted_keys))
     off = offline or _truthy(env.get(ENV_OFFLINE, ""))
+    from qwen38build.cache.transport import credentials
+
+    credentials(env.get("QWEN38BUILD_CACHE_AUTH", ""))  # per cache, checked before any work
     return replace(cfg, offline=off, origin=origin)

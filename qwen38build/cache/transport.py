@@ -5,7 +5,10 @@ or stalls costs at most that long. Every transport failure (refused, timed out, 
 5xx, a redirect, a body shorter than announced) becomes one :class:`CacheError` here, the
 one seam where foreign errors are translated. A 404 is an answer, not a failure. No
 redirects are followed and no proxy variables are read: the URL names the server.
-``$QWEN38BUILD_CACHE_AUTH``, when set, is sent as the ``Authorization`` header.
+
+Credentials are scoped: ``$QWEN38BUILD_CACHE_AUTH`` holds ``URL=VALUE`` entries (one per
+line), and VALUE is sent as the ``Authorization`` header only to requests under that URL
+(same scheme, host, port and path prefix), never to another cache.
 """
 
 from __future__ import annotations
@@ -44,9 +47,50 @@ def _connect(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]
     return conn, parts.path or "/"
 
 
-def _headers(extra: dict[str, str] | None = None) -> dict[str, str]:
+def credentials(text: str | None = None) -> list[tuple[str, str]]:
+    """(URL prefix, header value) of each ``URL=VALUE`` line of ``$QWEN38BUILD_CACHE_AUTH``;
+    UsageError (before any request) for a line that names no http(s) URL."""
+    from qwen38build.errors import UsageError
+
+    raw = os.environ.get(ENV_AUTH, "") if text is None else text
+    out: list[tuple[str, str]] = []
+    for n, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        url, sep, value = line.strip().partition("=")
+        parts = urlsplit(url) if sep else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.netloc \
+                or not value.strip():
+            raise UsageError(
+                f"${ENV_AUTH}: line {n} is not URL=VALUE: credentials are given per cache, "
+                "so none reaches another.",
+                hint=f"set {ENV_AUTH}='https://cache.example.org/q38=Bearer TOKEN' (one line "
+                "per cache)")
+        out.append((url.rstrip("/"), value.strip()))
+    return out
+
+
+def _scope(url: str) -> tuple[str, str, str]:
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme, f"{parts.hostname}:{port}", parts.path.rstrip("/")
+
+
+def auth_for(url: str) -> str | None:
+    """The credential of the longest URL prefix that ``url`` falls under, if any."""
+    scheme, host, path = _scope(url)
+    best: tuple[int, str] | None = None
+    for prefix, value in credentials():
+        s, h, p = _scope(prefix)
+        if (s, h) == (scheme, host) and (path == p or path.startswith(p + "/")) and (
+                best is None or len(p) > best[0]):
+            best = (len(p), value)
+    return best[1] if best else None
+
+
+def _headers(url: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     headers = {"User-Agent": "qwen38build-cache/1", **(extra or {})}
-    auth = os.environ.get(ENV_AUTH)
+    auth = auth_for(url)
     if auth:
         headers["Authorization"] = auth
     return headers
@@ -64,7 +108,7 @@ def get(url: str, timeout: float) -> Iterator[http.client.HTTPResponse | None]:
     conn, path = _connect(url, timeout)
     try:
         try:
-            conn.request("GET", path, headers=_headers())
+            conn.request("GET", path, headers=_headers(url))
             resp = conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             raise _failure(url, exc) from exc
@@ -127,7 +171,7 @@ def exists(url: str, timeout: float) -> int | None:
     """``HEAD url``: the size the server gives (-1 if none), or None when it has no such file."""
     conn, path = _connect(url, timeout)
     try:
-        conn.request("HEAD", path, headers=_headers())
+        conn.request("HEAD", path, headers=_headers(url))
         resp = conn.getresponse()
         resp.read()
     except (OSError, http.client.HTTPException) as exc:
@@ -146,7 +190,7 @@ def put(url: str, body: Readable | bytes, size: int, timeout: float) -> None:
     """``PUT url`` with ``size`` bytes from ``body``; any answer but 2xx is a CacheError."""
     conn, path = _connect(url, timeout)
     try:
-        conn.request("PUT", path, body=body, headers=_headers({
+        conn.request("PUT", path, body=body, headers=_headers(url, {
             "Content-Length": str(size), "Content-Type": "application/octet-stream"}))
         resp = conn.getresponse()
         text = resp.read(512).decode("utf-8", "replace").strip()

@@ -17,6 +17,7 @@ from pathlib import Path
 from qwen38build.digest import sha256_file
 from qwen38build.engine.step import Step
 from qwen38build.errors import CheckFailed, InputError, Qwen38BuildError, StoreError, UsageError
+from qwen38build.files import atomic_write, remove_tree
 from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.recipe import LoadedRecipe
 from qwen38build.pinning import pylock as envlock
@@ -86,14 +87,35 @@ def _checked(entry: Entry) -> Path:
     return wheel
 
 
+# Written into an environment `env` made, last: only such an environment is synced again.
+MARKER = ".qwen38build-env"
+
+
 def make(loaded: LoadedRecipe, store: Store, dest: Path, *, python: str | None = None,
          offline: bool = False) -> Made:
     """Make (or bring up to date) the environment in ``dest``; see the module docstring."""
     pylock = envlock.check(loaded)
     wheels = built_wheels(loaded, store)
-    if dest.exists() and any(dest.iterdir()) and not (dest / "pyvenv.cfg").is_file():
-        raise UsageError(f"{dest}: exists and is not a virtual environment.",
-                         hint="give a new directory, or an environment made by `env` before")
+    fresh = not dest.exists() or (dest.is_dir() and not any(dest.iterdir()))
+    if not fresh and not (dest / MARKER).is_file():
+        what = "a virtual environment made by something else" if (
+            dest / "pyvenv.cfg").is_file() else "not an environment `env` made"
+        raise UsageError(
+            f"{dest}: exists and is {what}; `env` syncs an environment to the lock, which "
+            "would uninstall what it did not put there.",
+            hint="give a new directory (or an empty one), or one `env` made before")
+    try:
+        made = _make(loaded, dest, pylock, wheels, store, python=python, offline=offline)
+    except BaseException:
+        if fresh and dest.exists():  # nothing half-made is left behind
+            remove_tree(dest)
+        raise
+    atomic_write(dest / MARKER, f"{loaded.path}\n".encode())
+    return made
+
+
+def _make(loaded: LoadedRecipe, dest: Path, pylock: Path, wheels: list[Path], store: Store, *,
+          python: str | None, offline: bool) -> Made:
     want = python or loaded.recipe.toolchain.python
     net = ["--offline"] if offline else []
     try:
