@@ -49,7 +49,7 @@ class _Foreign:
 def _toy_graphs(keep: list[Any], mib: int) -> None:
     """Capture one graph whose body allocates ``mib`` MiB in its pool."""
     x = torch.ones(mib * MIB // 4, device="cuda")
-    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call,unused-ignore]
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         (x * 2).sum()

@@ -237,7 +237,7 @@ class Setup:
     def table(self, length: int) -> list[int]:
         need = -(-length // self.bs)
         got, self.free = self.free[:need], self.free[need:]
-        return got
+        return [int(b) for b in got]
 
     def write(self, tables: list[list[int]], starts: list[int], counts: list[int]) -> None:
         """New K/V for tokens [start, start + count) of each sequence, through the impl."""
@@ -372,7 +372,7 @@ def test_cuda_graph_capture_and_replay(vllm: types.SimpleNamespace) -> None:
     assert meta.decode_max_seq_len == 8192
     q = s.rows(n, HQ)
     out = torch.zeros_like(q)
-    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call,unused-ignore]
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         s.impl.forward(None, q, None, None, s.kv_cache, meta, out)  # warm up off the graph

@@ -37,7 +37,7 @@ def _two_steps(host_lens: object) -> list[list[int]]:
     received = [torch.zeros(4, dtype=torch.int32, device="cuda") for _ in steps]
     torch.cuda.synchronize()
     for step, lens in enumerate(steps):
-        torch.cuda._sleep(SLEEP_CYCLES)  # type: ignore[no-untyped-call]  # a forward running
+        torch.cuda._sleep(SLEEP_CYCLES)  # type: ignore[no-untyped-call,unused-ignore]  # a forward running
         host = host_lens(lens)  # type: ignore[operator]
         staging.copy_(host)  # plan(): the host metadata into the pinned buffer
         received[step].copy_(staging, non_blocking=True)
