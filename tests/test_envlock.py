@@ -8,6 +8,7 @@ import json
 import shutil
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -192,7 +193,7 @@ def test_bump_report_says_what_moved_in_markdown_and_json() -> None:
     assert "### Python environment (lock/pylock.toml)" in md
     assert "- recipe [toolchain] torch 2.13.0 → 2.14.0" in md
     assert "- triton 3.7.1 → 3.8.0\n- added added 2.0\n- removed gone 0.1" in md
-    env = report.to_json()["environment"]
+    env: Any = report.to_json()["environment"]
     assert env["moved"]["changed"][0] == {"name": "torch", "from": "2.13.0", "to": "2.14.0"}
     assert env["moved"]["removed"] == [{"name": "gone", "version": "0.1"}]
     assert env["recipe_torch"] == {"from": "2.13.0", "to": "2.14.0"}

@@ -94,9 +94,10 @@ def test_real_project_every_read_file_misses(tmp_path: Path) -> None:
     # and lint reads every pthfa file (its manifest) whatever the outputs.
     (root / "recipe.toml").write_text((root / "recipe.toml").read_text()
                                       + '\n[build]\noutputs = ["vllm", "pylock"]\n')
-    from qwen38build.store.store import default_root
+    from tests.patches.conftest import built_wheels
 
-    env_sources = str(next((default_root() / "objects").glob("*/vllm-0.32.0-cp38-*.whl")).parent)
+    # the pinned wheel, fetched once into the suite's store (whatever ran before this test)
+    env_sources = str(built_wheels()[1].parent)
     proc = subprocess.run(
         [sys.executable, "-m", "qwen38build", "--store", str(store), "build", "--no-link", "-q"],
         cwd=root, capture_output=True, text=True, check=False,

@@ -99,3 +99,12 @@ def test_no_module_sits_flat_beside_the_folders() -> None:
     """The top level keeps the few modules every folder uses; all else lives in a folder."""
     flat = {p.stem for p in PACKAGE.glob("*.py")}
     assert flat <= {"__init__", "__main__", "errors", "digest", "files", "proc"}
+
+
+def test_no_record_is_a_dict_of_any() -> None:
+    """The store's, the manifest's, the no-op's and the lock's records are typed (their
+    TypedDicts and models); JSON built for output is ``dict[str, object]``."""
+    offenders = [f"{p.relative_to(PACKAGE.parent)}:{i}" for p in PACKAGE.rglob("*.py")
+                 for i, line in enumerate(p.read_text().splitlines(), 1)
+                 if "dict[str, Any]" in line and not line.lstrip().startswith("#")]
+    assert offenders == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,7 +44,8 @@ def test_the_signed_form_is_the_domain_line_and_canonical_json_without_signature
 
 def test_unknown_and_malformed_signatures_are_skipped_not_errors() -> None:
     key = SecretKey.generate("q38-a-1")
-    good = sign_record(RECORD, key)["signatures"][0]
+    signed: Any = sign_record(RECORD, key)
+    good = signed["signatures"][0]
     record = {**RECORD, "signatures": [7, "nocolon", "q38-a-1:%%%", "other:AAAA", good]}
     assert trusted_signer(record, [key.public()]) == "q38-a-1"
     assert trusted_signer({**RECORD, "signatures": "q38-a-1:x"}, [key.public()]) is None

@@ -8,6 +8,7 @@ import os
 import zipfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 
@@ -163,7 +164,7 @@ def test_a_damaged_record_is_input_error(tmp_path: Path) -> None:
 
 
 def test_verify_and_apply_refuse_a_manifest_path_out_of_the_package(tmp_path: Path) -> None:
-    manifest = {"package": "vllm", "owned": {"../../etc/x": {"patched": None, "owners": []}},
+    manifest: Any = {"package": "vllm", "owned": {"../../etc/x": {"patched": None, "owners": []}},
                 "record": {}, "name": "vllm", "version": "0.0.1"}
     site = tmp_path / "site"
     (site / "vllm").mkdir(parents=True)

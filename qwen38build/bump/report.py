@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from qwen38build.inputs import lock as lockmod
 from qwen38build.pinning import pylock as envlock
@@ -104,7 +104,7 @@ class EnvReport:
     torch: tuple[str, str] | None = None  # recipe [toolchain] torch, old → new
     error: str = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "moved": None if self.move is None else self.move.to_json(),
             "recipe_torch": None if self.torch is None else {"from": self.torch[0],
@@ -139,7 +139,7 @@ class BumpReport:
         """True when every patch applies (clean or with offsets) or was retired."""
         return all(p.outcome in APPLIED or p.patch in self.retired for p in self.patches)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "from": self.old_version,
             "to": self.new_version,

@@ -18,7 +18,6 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from qwen38build.digest import canonical_json
 from qwen38build.errors import InputError
@@ -27,7 +26,7 @@ DOMAIN = b"qwen38build-cache-record-v1\n"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 
 
-def signed_bytes(record: dict[str, Any]) -> bytes:
+def signed_bytes(record: dict[str, object]) -> bytes:
     """The exact bytes a record's signatures are over."""
     body = {k: v for k, v in record.items() if k != "signatures"}
     return DOMAIN + canonical_json(body)
@@ -125,13 +124,13 @@ class SecretKey:
         return f"{self.name}:{base64.b64encode(sig).decode()}"
 
 
-def sign_record(record: dict[str, Any], key: SecretKey) -> dict[str, Any]:
+def sign_record(record: dict[str, object], key: SecretKey) -> dict[str, object]:
     """``record`` with ``key``'s signature as its one signature."""
     body = {k: v for k, v in record.items() if k != "signatures"}
     return {**body, "signatures": [key.sign(signed_bytes(body))]}
 
 
-def trusted_signer(record: dict[str, Any], trusted: list[PublicKey]) -> str | None:
+def trusted_signer(record: dict[str, object], trusted: list[PublicKey]) -> str | None:
     """The name of a trusted key whose signature on ``record`` holds, else None.
 
     Signatures by keys not trusted, or not well formed, are ignored, never an error: a

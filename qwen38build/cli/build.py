@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any
 
+    from qwen38build.engine.executor import Outcome
     from qwen38build.engine.plan import Plan
     from qwen38build.inputs.recipe import LoadedRecipe
     from qwen38build.store.store import Store
@@ -94,7 +95,7 @@ def _build_held(
     return code
 
 
-def _outputs(plan: Plan, outcomes: dict[str, Any]) -> list[list[str]]:
+def _outputs(plan: Plan, outcomes: dict[str, Outcome]) -> list[list[str]]:
     """[label, entry digest, file name] of each output the build made, in recipe order."""
     out = []
     for part, label in LABELS.items():

@@ -31,15 +31,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         tops.append(kernel_steps(loaded, system_nvcc=system_nvcc_requested(args.system_nvcc))[-1])
     except Qwen38BuildError as exc:  # e.g. no toolchain in the lock: declared, not planned
         declared.append({"name": "pthfa kernels", "status": f"declared, not planned: {exc}"})
-    rows: list[dict[str, Any]] = [
-        {"name": s.name, "kind": s.kind, "digest": s.digest,
-         "built": store.get(s.digest) is not None}
-        for s in walk(tops)
-    ]
+    steps = list(walk(tops))
+    built = {s.digest: store.get(s.digest) is not None for s in steps}
+    rows = [{"name": s.name, "kind": s.kind, "digest": s.digest, "built": built[s.digest]}
+            for s in steps]
     lines = [
-        f"{'built' if r['built'] else 'to build':9} {r['kind']:11} {r['digest'][:12]}  "
-        f"{r['name']}"
-        for r in rows
+        f"{'built' if built[s.digest] else 'to build':9} {s.kind:11} {s.digest[:12]}  {s.name}"
+        for s in steps
     ]
     lines += [f"{'declared':9} {'-':11} {'-':12}  {d['name']}: {d['status']}" for d in declared]
     lines.append(f"build hash {plan.build_hash}")

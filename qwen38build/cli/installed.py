@@ -11,13 +11,13 @@ from qwen38build.errors import CheckFailed, ExitCode, Qwen38BuildError, UsageErr
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from typing import Any
 
     from qwen38build.store.store import Store
+    from qwen38build.wheels.manifest import Manifest
 
 
 
-def _manifest(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
+def _manifest(args: argparse.Namespace) -> tuple[Manifest, Path]:
     from qwen38build.store.record import check_build_hash, read_build, roots
     from qwen38build.wheels.installed import read_manifest
 

@@ -25,7 +25,7 @@ from qwen38build import __version__
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from qwen38build.store.records import NoopRecord
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIR = "fastpath"
@@ -109,7 +109,7 @@ def closure_intact(store_root: Path, tops: list[str]) -> bool:
 def lookup(
     store_root: Path, recipe_path: Path, *, only: list[str] | None = None,
     system_nvcc: bool = False,
-) -> dict[str, Any] | None:
+) -> NoopRecord | None:
     """The recorded answer for this request if every input and output is as recorded."""
     from qwen38build.engine.tools import stamp
 
@@ -118,7 +118,7 @@ def lookup(
         with open(real, "rb") as f:
             key = _key(real, f.read(), only, system_nvcc)
         with open(os.path.join(store_root, DIR, f"{key}.json"), "rb") as f:
-            rec: dict[str, Any] = json.loads(f.read())
+            rec: NoopRecord = json.loads(f.read())
         root = Path(os.path.dirname(real))
         if rec["root"] != str(root) or fingerprint(root, rec["files"], rec["dirs"]) != rec["fp"]:
             return None
@@ -149,7 +149,7 @@ def save(
     with open(real, "rb") as f:
         key = _key(real, f.read(), only, system_nvcc)
     tools = used()
-    rec = {"root": str(root), "files": files, "dirs": dirs,
+    rec: NoopRecord = {"root": str(root), "files": files, "dirs": dirs,
            "fp": fingerprint(root, files, dirs), "tools": tools, "stamp": stamp(tools),
            "build": build, "outputs": outputs, "waived": list(waived or [])}
     from qwen38build.store.store import Store

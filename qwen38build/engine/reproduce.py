@@ -13,7 +13,6 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from qwen38build.engine.executor import realise
 from qwen38build.engine.report import Reporter
@@ -44,7 +43,7 @@ class Result:
     error: str = ""
     kept: str = ""
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {"build": self.build, "reproduced": self.ok, "error": self.error,
                 "differences": [d.__dict__ for d in self.differences]}
 

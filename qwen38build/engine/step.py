@@ -12,7 +12,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from qwen38build.store.records import Derivation
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ class Step:
     # whose bytes are checked against the sha256 in its params): not part of the digest.
     hints: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
-    def derivation(self) -> dict[str, Any]:
+    def derivation(self) -> Derivation:
         """Everything the digest covers, plus the human name (which it does not)."""
         return {
             "kind": self.kind,
@@ -57,7 +60,7 @@ class Step:
         raise KeyError(name)
 
 
-def derivation_digest(drv: Mapping[str, Any]) -> str:
+def derivation_digest(drv: Mapping[str, object]) -> str:
     """The digest of a derivation: sha256 of its canonical JSON, the human name left out.
 
     The one definition of what a digest covers: a step computes its own with it, and a

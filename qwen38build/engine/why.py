@@ -6,7 +6,10 @@ last built, and follows a changed dependency down to the input that moved.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from qwen38build.store.records import Derivation
 
 from qwen38build.engine.step import Step
 from qwen38build.store.record import derivation_of, last_built
@@ -26,11 +29,11 @@ def explain(store: Store, step: Step) -> list[str]:
 
 
 def _diff(
-    store: Store, now: dict[str, Any], was: dict[str, Any], deps_now: dict[str, Step],
+    store: Store, now: Derivation, was: Derivation, deps_now: dict[str, Step],
     indent: str = "  ",
 ) -> list[str]:
     out: list[str] = []
-    impl_was, impl_now = was.get("implementation"), now.get("implementation")
+    impl_was, impl_now = was["implementation"], now["implementation"]
     if impl_now != impl_was:
         out.append(f"{indent}implementation of {now['kind']} changed: "
                    f"{_short(impl_was)} -> {_short(impl_now)}")
@@ -59,6 +62,6 @@ def _diff(
     return out or [f"{indent}no recorded difference (the store entry was removed or changed)"]
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) < 80 else text[:77] + "..."

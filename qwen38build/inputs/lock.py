@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
@@ -104,7 +104,7 @@ def _problems(data: object) -> list[str]:
     return problems
 
 
-def _entry_problems(entry: dict[str, Any]) -> list[str]:
+def _entry_problems(entry: dict[str, object]) -> list[str]:
     problems = []
     for key in _FIELDS:
         value = entry.get(key)
@@ -118,14 +118,15 @@ def _entry_problems(entry: dict[str, Any]) -> list[str]:
             problems.append(f"{key}: {value!r} is not a plain non-empty string")
     if problems or any(key not in entry for key in _FIELDS):
         return problems  # the missing keys are reported by the caller
-    if not _SHA256_RE.fullmatch(entry["sha256"]):
-        problems.append(f"sha256: {entry['sha256']!r} is not 64 lowercase hex digits")
+    text: dict[str, str] = {k: str(v) for k, v in entry.items() if k != "size"}
+    if not _SHA256_RE.fullmatch(text["sha256"]):
+        problems.append(f"sha256: {text['sha256']!r} is not 64 lowercase hex digits")
     try:
-        want_version: Version | None = Version(entry["version"])
+        want_version: Version | None = Version(text["version"])
     except InvalidVersion:
         want_version = None
-        problems.append(f"version: {entry['version']!r} is not a PEP 440 version")
-    filename = entry["filename"]
+        problems.append(f"version: {text['version']!r} is not a PEP 440 version")
+    filename = text["filename"]
     if "/" in filename or "\\" in filename or filename in (".", "..") \
             or filename.startswith("."):
         problems.append(f"filename: {filename!r} is not a plain file name")
@@ -135,11 +136,11 @@ def _entry_problems(entry: dict[str, Any]) -> list[str]:
     except (InvalidWheelFilename, InvalidVersion) as exc:
         problems.append(f"filename: {filename!r} is not a wheel file name ({exc})")
         return problems
-    if name != canonicalize_name(entry["name"]):
-        problems.append(f"filename: {filename!r} is not a wheel of {entry['name']!r}")
+    if name != canonicalize_name(text["name"]):
+        problems.append(f"filename: {filename!r} is not a wheel of {text['name']!r}")
     if want_version is not None and version != want_version:
-        problems.append(f"filename: {filename!r} is not version {entry['version']!r}")
-    want = f"{entry['python_tag']}-{entry['abi_tag']}-{entry['platform_tag']}"
+        problems.append(f"filename: {filename!r} is not version {text['version']!r}")
+    want = f"{text['python_tag']}-{text['abi_tag']}-{text['platform_tag']}"
     if not filename.endswith(f"-{want}.whl") or not tags:
         problems.append(f"filename: {filename!r} does not carry the tags {want!r}")
     return problems
@@ -148,7 +149,7 @@ def _entry_problems(entry: dict[str, Any]) -> list[str]:
 def write(root: Path, entries: list[LockedWheel]) -> Path:
     path = lock_path(root)
     path.parent.mkdir(parents=True, exist_ok=True)
-    body: dict[str, Any] = {
+    body: dict[str, object] = {
         "format": FORMAT,
         "sources": [asdict(e) for e in sorted(entries, key=lambda e: e.name)],
     }

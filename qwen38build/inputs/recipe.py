@@ -275,7 +275,7 @@ def load(path: Path) -> LoadedRecipe:
     return validate(data, path)
 
 
-def validate(data: dict[str, Any], path: Path) -> LoadedRecipe:
+def validate(data: dict[str, object], path: Path) -> LoadedRecipe:
     """Validate parsed TOML; the file-system checks use ``path``'s folder."""
     try:
         recipe = Recipe.model_validate(data)

@@ -18,7 +18,7 @@ import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -159,8 +159,21 @@ def required_version(req: Requirement) -> str | None:
 # -- what the lock is made from ------------------------------------------------------------
 
 
+class LockInputs(TypedDict):
+    """What the environment lock is made from (``pylock.inputs.json``)."""
+
+    format: int
+    vllm: str
+    vllm_sha256: str
+    python: str
+    platform: str
+    torch: str
+    cuda: str
+    extra: list[str]
+
+
 def inputs(loaded: LoadedRecipe, entry: lockmod.LockedWheel, torch: str | None = None
-           ) -> dict[str, Any]:
+           ) -> LockInputs:
     """Everything the lock depends on, known without network: the pinned wheel's bytes fix
     its requirements; the recipe fixes the rest."""
     tc = loaded.recipe.toolchain
@@ -182,7 +195,7 @@ class Locked:
     """A computed environment lock, not yet written."""
 
     text: str
-    inputs: dict[str, Any]
+    inputs: LockInputs
     requirements: list[str] = field(default_factory=list)
 
     @property
@@ -286,8 +299,8 @@ def check(loaded: LoadedRecipe) -> Path:
         )
     packages_of(path.read_text(encoding="utf-8"), str(path))
     entry = locked_vllm(loaded, lockmod.read(root))
-    want = inputs(loaded, entry)
-    moved = [f"{k} {recorded.get(k)!r} → {want[k]!r}"
+    want: dict[str, object] = dict(inputs(loaded, entry))
+    moved = [f"{k} {recorded.get(k)!r} → {want.get(k)!r}"
              for k in sorted(set(want) | set(recorded)) if recorded.get(k) != want.get(k)]
     if moved:
         raise LockError(f"{path}: stale: locked for other inputs ({'; '.join(moved)}); {redo}.")
@@ -324,7 +337,7 @@ class EnvMove:
     removed: tuple[tuple[str, str], ...]
     unchanged: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "changed": [{"name": n, "from": a, "to": b} for n, a, b in self.changed],
             "added": [{"name": n, "version": v} for n, v in self.added],

@@ -27,6 +27,7 @@ FIXED_OUTPUT = True  # keyed by file name and sha256 alone; see qwen38build.step
 # (fixed output: the list is not in the digest, but kept whole like every kind's)
 IMPLEMENTATION = (
     *ENGINE,
+    "qwen38build.cache.transport",
     "qwen38build.cache.config",
     "qwen38build.cache.signing",
     "qwen38build.wheels.record",

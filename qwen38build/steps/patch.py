@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from qwen38build.digest import sha256_file
 from qwen38build.engine.executor import Context
 from qwen38build.series.gnupatch import describe_failure, require_release, run_patch
 from qwen38build.series.patchfile import PatchFile
 from qwen38build.steps import ENGINE
+from qwen38build.wheels.manifest import OwnedFile, PatchApplied, PatchReport
 from qwen38build.wheels.wheelzip import extract
 
 KIND = "patch"
 IMPLEMENTATION = (
     *ENGINE,
+    "qwen38build.wheels.manifest",
     "qwen38build.series.diff",
     "qwen38build.series.gnupatch",
     "qwen38build.series.headers",
@@ -51,7 +52,7 @@ def run(ctx: Context) -> None:
             member = f"{package}/{rel}"
             pristine[rel] = sha256_file(work / rel) if member in written else None
     owners: dict[str, list[str]] = {rel: [] for rel in pristine}
-    report: list[dict[str, Any]] = []
+    report: list[PatchApplied] = []
     for name, pf in zip(series, patches, strict=True):
         ctx.report(f"applying {name}")
         result = run_patch(pf.path, work)
@@ -68,7 +69,7 @@ def run(ctx: Context) -> None:
                 for h in result.offsets
             ],
         })
-    files: dict[str, Any] = {}
+    files: dict[str, OwnedFile] = {}
     tree = ctx.out / TREE
     for rel in sorted(pristine):
         src = work / rel
@@ -86,7 +87,7 @@ def run(ctx: Context) -> None:
         tree.mkdir()
 
 
-def read_report(out: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((out / REPORT).read_text())
+def read_report(out: Path) -> PatchReport:
+    data: PatchReport = json.loads((out / REPORT).read_text())
     return data
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import zipfile
 from pathlib import Path
-from typing import Any
 
 from qwen38build.engine.executor import Context
 from qwen38build.errors import CheckFailed
@@ -20,11 +19,13 @@ from qwen38build.steps import ENGINE
 from qwen38build.steps import patch as patch_step
 from qwen38build.wheels import record
 from qwen38build.wheels.installed import MANIFEST
+from qwen38build.wheels.manifest import Manifest
 from qwen38build.wheels.wheelzip import PatchedWheel
 
 KIND = "wheel"
 IMPLEMENTATION = (
     *ENGINE,
+    "qwen38build.wheels.manifest",
     "qwen38build.series.diff",
     "qwen38build.series.gnupatch",
     "qwen38build.series.headers",
@@ -72,7 +73,7 @@ def run(ctx: Context) -> None:
         dist_info_files={"METADATA": metadata},
     )
     _check(ctx.out / out_name, replace, record)
-    manifest: dict[str, Any] = {
+    manifest: Manifest = {
         "name": name,
         "version": version,
         "local_version": new_version,

@@ -75,7 +75,7 @@ def _entry(store: Store, digest: str) -> list[Finding]:
                         detail="no 'outputs' mapping of names to sha256, size and stat")]
     found: list[Finding] = []
     folder = store.objects / digest
-    outputs: dict[str, dict[str, object]] = meta["outputs"]
+    outputs = meta["outputs"]
     for name, rec in sorted(outputs.items()):
         p = folder / name
         if "link" in rec:

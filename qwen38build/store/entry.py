@@ -15,15 +15,18 @@ from qwen38build.files import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import TypeGuard
+
+    from qwen38build.store.records import Derivation, EntryRecord, OutputRecord
 
 
 STAT_FIELDS = ("size", "mtime_ns", "ino", "ctime_ns")
 
 
-def stat_record(st: os.stat_result) -> dict[str, int]:
-    return {"size": st.st_size, "mode": stat.S_IMODE(st.st_mode), "mtime_ns": st.st_mtime_ns,
-            "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
+def stat_record(st: os.stat_result, sha256: str) -> OutputRecord:
+    """An output's record: its sha256 and the stat it has now."""
+    return {"sha256": sha256, "size": st.st_size, "mode": stat.S_IMODE(st.st_mode),
+            "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
 
 
 def is_link_target(target: str) -> bool:
@@ -46,7 +49,7 @@ def output_sha256(path: Path) -> str:
     return link_sha256(os.readlink(path)) if path.is_symlink() else sha256_file(path)
 
 
-def link_ok(output: dict[str, Any], path: str | Path) -> bool:
+def link_ok(output: OutputRecord, path: str | Path) -> bool:
     """A link output still points where it was recorded to."""
     try:
         return bool(os.readlink(path) == output["link"])
@@ -54,7 +57,7 @@ def link_ok(output: dict[str, Any], path: str | Path) -> bool:
         return False
 
 
-def cheap_ok(output: dict[str, Any], path: str | Path) -> bool:
+def cheap_ok(output: OutputRecord, path: str | Path) -> bool:
     """True if the file at ``path`` still has the stat recorded for it at seal time.
 
     ``output`` is one value of a store record's ``outputs``. Any write, chmod or rename
@@ -71,7 +74,9 @@ def cheap_ok(output: dict[str, Any], path: str | Path) -> bool:
         return False
     if "mode" in output and output["mode"] != stat.S_IMODE(st.st_mode):
         return False
-    return all(output[k] == getattr(st, f"st_{k}") for k in STAT_FIELDS if k in output)
+    return (output["size"] == st.st_size and output.get("mtime_ns") in (None, st.st_mtime_ns)
+            and output.get("ino") in (None, st.st_ino)
+            and output.get("ctime_ns") in (None, st.st_ctime_ns))
 
 
 # Outputs fully hashed by this process, by path: the stat they had when they matched.
@@ -87,15 +92,18 @@ class Entry:
 
     __slots__ = ("digest", "meta", "path")
 
-    def __init__(self, digest: str, path: Path, meta: dict[str, Any]) -> None:
+    def __init__(self, digest: str, path: Path, meta: EntryRecord) -> None:
         self.digest = digest
         self.path = path
         self.meta = meta
 
     @property
-    def outputs(self) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = self.meta["outputs"]
-        return out
+    def outputs(self) -> dict[str, OutputRecord]:
+        return self.meta["outputs"]
+
+    @property
+    def derivation(self) -> Derivation:
+        return self.meta["derivation"]
 
     def file(self, name: str) -> Path:
         """The output ``name`` by its recorded name; StoreError if the record has none."""
@@ -156,7 +164,7 @@ def is_digest(name: str) -> bool:
     return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
 
 
-def _well_formed(meta: Any) -> bool:
+def _well_formed(meta: object) -> TypeGuard[EntryRecord]:
     """The shape every reader relies on: outputs by name, each with sha256 and size."""
     if not isinstance(meta, dict) or not isinstance(meta.get("outputs"), dict):
         return False
@@ -172,7 +180,7 @@ def _well_formed(meta: Any) -> bool:
     return isinstance(meta.get("derivation", {}), dict)
 
 
-def _seal(out: Path, known: dict[str, str]) -> dict[str, dict[str, Any]]:
+def _seal(out: Path, known: dict[str, str]) -> dict[str, OutputRecord]:
     """fsync every file, make it read-only, and record its sha256 and stat.
 
     The stat is taken after the chmods, so a later check compares like with like. The
@@ -203,9 +211,9 @@ def _seal(out: Path, known: dict[str, str]) -> dict[str, dict[str, Any]]:
         for done in [pool.submit(fsync_file, p) for p in files.values()]:
             done.result()
         digests = {rel: known.get(rel) or hashes[rel].result() for rel in files}
-    outputs: dict[str, dict[str, Any]] = {}
+    outputs: dict[str, OutputRecord] = {}
     for rel, p in files.items():
-        outputs[rel] = {"sha256": digests[rel], **stat_record(p.stat())}
+        outputs[rel] = stat_record(p.stat(), digests[rel])
     for rel, target in links.items():
         outputs[rel] = {"link": target, "sha256": link_sha256(target), "size": 0}
     for dirpath, _, _ in os.walk(out, topdown=False):

@@ -8,13 +8,14 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from qwen38build.errors import StoreError, UsageError
 
 if TYPE_CHECKING:
     from qwen38build.engine.executor import Outcome
     from qwen38build.engine.step import Step
+    from qwen38build.store.records import BuildRecord, BuildStep, Derivation, HistoryRecord
     from qwen38build.store.store import Store
 
 # 2: derivations hold ``implementation`` (a source hash), where 1 held a hand-bumped version.
@@ -29,7 +30,7 @@ def write_build(store: Store, top: Step, outcomes: dict[str, Outcome], root_name
     from qwen38build.engine.step import closure
     from qwen38build.engine.tools import built_with
 
-    steps = []
+    steps: list[BuildStep] = []
     for s in closure(top):
         if s.digest not in outcomes:
             # A build input of a substituted step: not needed, so not fetched. Its
@@ -38,14 +39,15 @@ def write_build(store: Store, top: Step, outcomes: dict[str, Outcome], root_name
                           "outputs": None})
             continue
         entry = outcomes[s.digest].entry
-        steps.append({
+        step: BuildStep = {
             "digest": s.digest,
             "derivation": s.derivation(),
             "tree": entry.meta["tree"],
             "outputs": {k: v["sha256"] for k, v in entry.outputs.items()},
-            # the machine's programs that made it, when this build made it
-            **({"built_with": built_with(s.kind)} if outcomes[s.digest].built else {}),
-        })
+        }
+        if outcomes[s.digest].built:  # the machine's programs that made it, this time
+            step["built_with"] = built_with(s.kind)
+        steps.append(step)
         store.write_json(store.root / "history" / f"{_safe(s.name)}.json",
                          {"digest": s.digest, "derivation": s.derivation()})
     for s in closure(top):
@@ -73,7 +75,7 @@ def check_build_hash(value: str) -> str:
     return value
 
 
-def read_build(store: Store, build_hash: str) -> dict[str, Any]:
+def read_build(store: Store, build_hash: str) -> BuildRecord:
     """The record of a build, by its full hash or an unambiguous prefix (8+ hex digits).
 
     The prefix is matched against the listing of ``builds/`` as plain text: no glob, no path.
@@ -105,7 +107,7 @@ def read_build(store: Store, build_hash: str) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise StoreError(f"{path}: unreadable build record: {exc}.",
                          hint="remove it, and rebuild or reproduce that build") from None
-    return data
+    return cast("BuildRecord", data)
 
 
 def roots(store: Store, problems: list[str] | None = None) -> dict[str, str]:
@@ -127,7 +129,7 @@ def roots(store: Store, problems: list[str] | None = None) -> dict[str, str]:
     return out
 
 
-def last_built(store: Store, name: str) -> dict[str, Any] | None:
+def last_built(store: Store, name: str) -> HistoryRecord | None:
     """The last recorded build of step ``name``; None if never built or the file is torn."""
     p = store.root / "history" / f"{_safe(name)}.json"
     try:
@@ -136,18 +138,15 @@ def last_built(store: Store, name: str) -> dict[str, Any] | None:
         return None
     ok = isinstance(data, dict) and isinstance(data.get("derivation"), dict) and \
         isinstance(data.get("digest"), str)
-    return data if ok else None
+    return cast("HistoryRecord", data) if ok else None
 
 
-def derivation_of(store: Store, digest: str) -> dict[str, Any] | None:
+def derivation_of(store: Store, digest: str) -> Derivation | None:
     entry = store.lookup(digest)
-    if entry is not None:
-        drv: dict[str, Any] = entry.meta["derivation"]
-        return drv
-    return None
+    return entry.derivation if entry is not None else None
 
 
-def steps_from_record(record: dict[str, Any]) -> list[Step]:
+def steps_from_record(record: BuildRecord) -> list[Step]:
     """Rebuild the Step objects of a recorded closure; digests must come out the same."""
     from qwen38build.engine.step import Step
 

@@ -56,6 +56,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from typing import Any
 
+    from qwen38build.store.records import Derivation, EntryRecord
+
 ENV_STORE = "QWEN38BUILD_STORE"
 
 
@@ -160,7 +162,7 @@ class Store:
             mode = stat.S_IMODE(st.st_mode)
             if mode != rec.get("mode", mode) or mode not in (0o444, 0o555):
                 return False  # a mode change (the exec bit) changes what the output is
-            rec.update(stat_record(st))
+            rec.update(stat_record(st, rec["sha256"]))
         atomic_write(self.meta_path(entry.digest),
                      json.dumps(entry.meta, indent=1, sort_keys=True).encode())
         return True
@@ -218,7 +220,7 @@ class Store:
     # -- writing -------------------------------------------------------------------------
 
     def add(
-        self, digest: str, derivation: dict[str, Any],
+        self, digest: str, derivation: Derivation,
         fill: Callable[[Path], dict[str, str] | None],
     ) -> Entry:
         """Run ``fill(out_dir)`` in a temp dir and commit its files as entry ``digest``.
@@ -239,14 +241,14 @@ class Store:
                     remove_tree(work)
 
     def _commit(
-        self, digest: str, derivation: dict[str, Any],
+        self, digest: str, derivation: Derivation,
         fill: Callable[[Path], dict[str, str] | None], work: Path,
     ) -> Entry:
         out = work / "out"
         out.mkdir()
         known = fill(out) or {}
         outputs = _seal(out, known)
-        meta = {
+        meta: EntryRecord = {
             "digest": digest,
             "derivation": derivation,
             "outputs": outputs,

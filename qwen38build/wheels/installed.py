@@ -19,7 +19,8 @@ from qwen38build.wheels import record as wheelrecord
 # verify is a hot command: typing and dataclasses (inspect) would be a third of its time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+
+    from qwen38build.wheels.manifest import Manifest, OwnedFile
 
 
 class Problem:
@@ -37,7 +38,7 @@ class Problem:
     def __hash__(self) -> int:
         return hash((self.path, self.kind, self.owners))
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {"path": self.path, "kind": self.kind, "owners": list(self.owners)}
 
     def __str__(self) -> str:
@@ -48,11 +49,11 @@ class Problem:
 MANIFEST = "manifest.json"
 
 
-def read_manifest(out: Path) -> dict[str, Any]:
+def read_manifest(out: Path) -> Manifest:
     """The manifest the wheel step wrote beside the wheel."""
     path = out / MANIFEST
     try:
-        data = json.loads(path.read_bytes())
+        data: Manifest = json.loads(path.read_bytes())
         if not isinstance(data, dict) or not isinstance(data.get("owned"), dict) \
                 or not isinstance(data.get("record"), dict):
             raise ValueError("not a manifest object with 'owned' and 'record'")
@@ -61,17 +62,17 @@ def read_manifest(out: Path) -> dict[str, Any]:
 
         raise StoreError(f"{path}: unreadable build manifest: {exc}.",
                          hint="run `qwen38build store verify`, then rebuild") from None
-    return data
+    return data  # its shape checked above, its bytes by the entry's record
 
 
-def owned_paths(manifest: dict[str, Any]) -> dict[str, Any]:
+def owned_paths(manifest: Manifest) -> dict[str, OwnedFile]:
     """The manifest's owned files, each package path past the one member check: a
     manifest is read from the store, and its paths are about to be read or written."""
     from qwen38build.wheels.wheelzip import safe_member
 
     package = str(manifest["package"])
     safe_member(package)
-    owned: dict[str, Any] = manifest["owned"]
+    owned = manifest["owned"]
     for rel in owned:
         safe_member(f"{package}/{rel}")
     return owned
@@ -89,11 +90,11 @@ def find_package(path: Path, package: str) -> Path:
     )
 
 
-def verify_tree(path: Path, manifest: dict[str, Any], *, full: bool = False) -> list[Problem]:
+def verify_tree(path: Path, manifest: Manifest, *, full: bool = False) -> list[Problem]:
     package = str(manifest["package"])
     owned = owned_paths(manifest)
     pkg = find_package(path, package)
-    record: dict[str, list[Any]] = {
+    record = {
         k: v for k, v in manifest["record"].items() if k.startswith(package + "/")
     }
     problems: list[Problem] = []
@@ -162,7 +163,7 @@ def installed_version(site: Path, name: str) -> tuple[str, Path]:
     raise InputError(f"{found[0]}/METADATA: no Version line.")
 
 
-def apply_tree(site: Path, manifest: dict[str, Any], built_tree: Path) -> list[str]:
+def apply_tree(site: Path, manifest: Manifest, built_tree: Path) -> list[str]:
     """Write the build's files into an installed vLLM of the same pin; returns what changed.
 
     Only bytes whose sha256 is the manifest's reach the tree: each file is copied to a
