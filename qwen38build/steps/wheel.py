@@ -15,7 +15,6 @@ from pathlib import Path
 
 from qwen38build.engine.executor import Context
 from qwen38build.errors import CheckFailed
-from qwen38build.steps import ENGINE
 from qwen38build.steps import patch as patch_step
 from qwen38build.wheels import record
 from qwen38build.wheels.installed import MANIFEST
@@ -23,17 +22,11 @@ from qwen38build.wheels.manifest import Manifest
 from qwen38build.wheels.wheelzip import PatchedWheel
 
 KIND = "wheel"
+# The patch step's modules (it imports that step), and what writes the wheel.
 IMPLEMENTATION = (
-    *ENGINE,
-    "qwen38build.wheels.manifest",
-    "qwen38build.series.diff",
-    "qwen38build.series.gnupatch",
-    "qwen38build.series.headers",
-    "qwen38build.series.patchfile",
+    *patch_step.IMPLEMENTATION,
     "qwen38build.steps.patch",
     "qwen38build.wheels.installed",
-    "qwen38build.wheels.record",
-    "qwen38build.wheels.wheelzip",
 )
 LABEL = "q38"
 # `apply` writes the patched files from the patch step's tree: needed beside the wheel.
