@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pthfa" / "python"))
 import pthfa
-from pthfa import _launch as pthfa_launch
+from pthfa import _ops, _plan
 
 H, KVH, D, BS = 32, 8, 128, 16
 ROT_BYTES = 512 << 20  # rotate inputs until a replay of all sets reads at least this much
@@ -203,8 +203,8 @@ def main() -> int:
             tp, tpe, bp, howp = bench_pthfa(b, ctx, gen)
             torch.cuda.empty_cache()
             ts, tse, _bs, hows = bench_sdpa(b, ctx, gen)
-            impl, part = pthfa_launch.plan(b, KVH, ctx, BS, H // KVH, D,
-                                           props.multi_processor_count)
+            impl, part = _plan.plan(b, KVH, ctx, BS, H // KVH, D,
+                                    props.multi_processor_count)
             row = (f"| {b} | {ctx} | {impl} ({part}) | {tpe * 1e6:.1f} | {tp * 1e6:.1f} | "
                    f"{bp / tp / 1e9:.0f} | {100 * bp / tp / bw:.0f}% | {tse * 1e6:.1f} | "
                    f"{ts * 1e6:.1f} | {hows} | {tse / tpe:.2f}x | {ts / tp:.2f}x |")
@@ -224,7 +224,7 @@ def main() -> int:
                 cells = []
                 for impl in impls:
                     os.environ["PTHFA_IMPL"] = impl
-                    pthfa_launch.reload_env()
+                    _ops.reload_env()
                     try:
                         tp, _te, bp, _ = bench_pthfa(b, ctx, gen)
                         cells.append(f"{tp * 1e6:.1f} ({100 * bp / tp / bw:.0f}%)")
@@ -234,7 +234,7 @@ def main() -> int:
                 lines.append(f"| {b} | {ctx} | " + " | ".join(cells) + " |")
                 sys.stdout.write(lines[-1] + "\n")
         os.environ.pop("PTHFA_IMPL", None)
-        pthfa_launch.reload_env()
+        _ops.reload_env()
     # partition-size sweeps: IMPL:BxCTX:P1/P2/...;...
     if args.sweep:
         lines.append("")
@@ -246,7 +246,7 @@ def main() -> int:
             cells = []
             for part in parts.split("/"):
                 os.environ["PTHFA_PART_SIZE"] = part
-                pthfa_launch.reload_env()
+                _ops.reload_env()
                 try:
                     tp, _te, bp, _ = bench_pthfa(b, ctx, gen)
                     cells.append(f"{part}: {tp * 1e6:.1f} ({100 * bp / tp / bw:.0f}%)")
@@ -257,7 +257,7 @@ def main() -> int:
             sys.stdout.write(lines[-1] + "\n")
         os.environ.pop("PTHFA_IMPL", None)
         os.environ.pop("PTHFA_PART_SIZE", None)
-        pthfa_launch.reload_env()
+        _ops.reload_env()
     text = "\n".join(lines) + "\n"
     sys.stdout.write("\n" + text)
     if args.out:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pthfa" / "python"))
 import pthfa
-from pthfa import _launch as pthfa_launch
+from pthfa import _ops
 
 H, KVH, D, BS, TOKENS = 32, 8, 128, 16, 16
 
@@ -142,11 +142,11 @@ def main() -> int:
     }
     rows = interleaved(fns, args.calls, args.runs)
     os.environ["PTHFA_LAUNCH"] = "cupy"
-    pthfa_launch.reload_env()
+    _ops.reload_env()
     rows.update(interleaved({"pthfa.quantize_kv (CuPy launch)": quantize,
                              "pthfa.decode (CuPy launch)": decode}, args.calls, args.runs))
     del os.environ["PTHFA_LAUNCH"]
-    pthfa_launch.reload_env()
+    _ops.reload_env()
     floor = rows["floor: one torch launch (zero_)"]
     gpu = {"pthfa.quantize_kv": gpu_per_call(quantize), "pthfa.decode": gpu_per_call(decode),
            "torch SDPA (bf16, eager)": gpu_per_call(sdpa),

@@ -54,13 +54,13 @@ def read_ceiling(dev: int, sms: int) -> float:
     import torch
     from pthfa_decode import timed
 
-    from pthfa import _launch as L
+    from pthfa import _driver
 
     buf = torch.empty(4 << 30, dtype=torch.uint8, device="cuda")
     sink = torch.zeros(1, dtype=torch.int32, device="cuda")
     args = (buf.data_ptr(), buf.numel() // 16, sink.data_ptr())
-    t, _ = timed([lambda: L._launch(dev, "pthfa_probe_read", "QqQ", (sms * 16, 1, 1),
-                                    (256, 1, 1), args)], reps=20)
+    t, _ = timed([lambda: _driver._launch(dev, "pthfa_probe_read", "QqQ", (sms * 16, 1, 1),
+                                          (256, 1, 1), args)], reps=20)
     return buf.numel() / t
 
 
@@ -88,12 +88,12 @@ def time_pthfa(b: int, ctx: int, read_bw: float, sms: int,
     import torch
     from pthfa_decode import BS, KVH, D, H, Inputs, timed
 
-    from pthfa import _launch as L
+    from pthfa import _driver, _plan
     from pthfa import _validate as V
 
     dev = torch.cuda.current_device()
     x = Inputs(b, ctx, gen)
-    impl, part = L.plan(b, KVH, ctx, BS, H // KVH, D, sms)
+    impl, part = _plan.plan(b, KVH, ctx, BS, H // KVH, D, sms)
     parts = math.ceil(ctx / part)
     work = torch.empty(b * H * parts * (D + 2) * 4, dtype=torch.uint8, device="cuda")
     acc = b * H * parts * D * 4
@@ -105,9 +105,9 @@ def time_pthfa(b: int, ctx: int, read_bw: float, sms: int,
         fused reduce), the probes with their own signature (no such arguments)."""
         g = (KVH, parts, b) if heads_first else (parts, KVH, b)
         # the probes take no block strides (they read a contiguous cache)
-        fmt, extra, tail = ((L.FMT_MMA[:-2], (), ()) if "probe" in name else
-                            (L.FMT_CP, (0, 0), (BS * KVH * D, BS * KVH)))
-        return [(lambda i=i: L._launch(
+        fmt, extra, tail = ((_driver.FMT_MMA[:-2], (), ()) if "probe" in name else
+                            (_driver.FMT_CP, (0, 0), (BS * KVH * D, BS * KVH)))
+        return [(lambda i=i: _driver._launch(
             dev, name, fmt, g, (V.THREADS, 1, 1),
             (x.qs[i].data_ptr(), x.k_cache.data_ptr(), x.v_cache.data_ptr(),
              x.k_scale.data_ptr(), x.v_scale.data_ptr(), x.tables[i].data_ptr(), x.nblk,
@@ -140,9 +140,9 @@ def main() -> int:
     sys.path.insert(0, str(ROOT / "bench"))
     import torch
 
-    from pthfa import _launch as L
+    from pthfa import _ops
 
-    L.reload_env()
+    _ops.reload_env()
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     sms = props.multi_processor_count
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -167,10 +167,10 @@ def test_find_cubin(tmp_path: Path) -> None:
 def test_full_validation_runs_once_per_signature(monkeypatch: pytest.MonkeyPatch) -> None:
     """The cached fast path: a repeat call skips the full check; a changed shape, dtype,
     stride or device runs it again (and a bad one still raises)."""
-    from pthfa import _launch as L
+    from pthfa import _ops, _signature
 
     monkeypatch.delenv("PTHFA_VALIDATE", raising=False)
-    L.reload_env()
+    _ops.reload_env()
     calls: list[int] = []
 
     def counting(*tensors: object) -> object:
@@ -183,7 +183,8 @@ def test_full_validation_runs_once_per_signature(monkeypatch: pytest.MonkeyPatch
 
     def run(**over: object) -> object:
         a = {**args, **over}
-        return L._checked(seen, counting, L._decode_key, *(a[k] for k in order), None)
+        return _signature._checked(seen, counting, _signature._decode_key,
+                                   *(a[k] for k in order), None)
 
     first = run()
     assert run() == first and len(calls) == 1  # the same signature: no second full check
@@ -200,19 +201,19 @@ def test_full_validation_runs_once_per_signature(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("PTHFA_VALIDATE", "always")
     run()
     assert len(calls) == 5  # the knobs are read once: a change needs reload_env()
-    L.reload_env()
+    _ops.reload_env()
     run()
     run()
     assert len(calls) == 7  # the debug switch checks every call
     monkeypatch.delenv("PTHFA_VALIDATE")
-    L.reload_env()
+    _ops.reload_env()
 
 
 def test_non_tensors_always_get_the_full_check() -> None:
-    from pthfa import _launch as L
+    from pthfa import _signature
 
     with pytest.raises(TypeError):
-        L._checked({}, V.check_decode, L._decode_key, *([object()] * 7), None)
+        _signature._checked({}, V.check_decode, _signature._decode_key, *([object()] * 7), None)
 
 
 def test_the_driver_argument_block_holds_each_value_at_its_address() -> None:
@@ -220,9 +221,9 @@ def test_the_driver_argument_block_holds_each_value_at_its_address() -> None:
     at its natural alignment; one pack_into refills the same block."""
     import ctypes
 
-    from pthfa import _launch as L
+    from pthfa import _driver
 
-    blk = L._ArgBlock("QifiqQ")
+    blk = _driver._ArgBlock("QifiqQ")
     blk.pack(2**40 + 7, -5, 1.5, 9, -(2**35), 2**64 - 1)
     slots = list((ctypes.c_uint64 * 6).from_address(blk.address))
     assert [a % b for a, b in zip(slots, (8, 4, 4, 4, 8, 8), strict=True)] == [0] * 6
@@ -239,7 +240,7 @@ def test_the_driver_argument_block_holds_each_value_at_its_address() -> None:
     with pytest.raises(struct.error):  # an int32 argument out of range never wraps
         blk.pack(1, 2**31, 0.25, 3, 4, 5)
     # a fixed tail written once; each call packs only the head, the tail stays
-    fixed = L._ArgBlock("QQiqf", tail=(-7, 2**40, 0.5))
+    fixed = _driver._ArgBlock("QQiqf", tail=(-7, 2**40, 0.5))
     fixed.pack_head(11, 12)
     fixed.pack_head(21, 22)
     at = list((ctypes.c_uint64 * 5).from_address(fixed.address))
@@ -255,7 +256,7 @@ def test_the_driver_argument_block_holds_each_value_at_its_address() -> None:
 def test_argument_formats_match_the_kernels(fmt: str, kernel: str) -> None:
     """Each launch format has one code per parameter of its kernel in decode.cu/quantize.cu,
     of the same type: the driver reads exactly these bytes."""
-    from pthfa import _launch as L
+    from pthfa import _driver
 
     csrc = Path(__file__).resolve().parents[1] / "pthfa" / "csrc"
     src, name = {"quantize": ("quantize.cu", "pthfa_quantize_##TN##_d##D("),
@@ -269,7 +270,7 @@ def test_argument_formats_match_the_kernels(fmt: str, kernel: str) -> None:
     params = text[at:text.index(")", at)].replace("\\", " ").split(",")
     types = {"int": "i", "float": "f", "long": "q"}
     codes = "".join("Q" if "*" in p_ else types[p_.split()[-2]] for p_ in params)
-    assert codes == getattr(L, fmt)
+    assert codes == getattr(_driver, fmt)
 
 
 def test_block_strided_caches() -> None:
@@ -299,12 +300,12 @@ def test_block_strided_caches() -> None:
 def test_whole_block_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """$PTHFA_IMPL=wb4: one CTA of 8 warps per (partition, sequence), partitions as short as
     one wave of CTAs allows, its shared memory; shapes it is not built for take cp3."""
-    from pthfa import _launch as L
+    from pthfa import _driver, _ops, _plan
 
-    monkeypatch.setattr(L, "_kernel", lambda dev, name, fmt, smem=0: (dev, name, fmt, smem))
-    monkeypatch.setattr(L, "_num_sms", lambda dev: 132)
+    monkeypatch.setattr(_plan, "_kernel", lambda dev, name, fmt, smem=0: (dev, name, fmt, smem))
+    monkeypatch.setattr(_plan, "_num_sms", lambda dev: 132)
     monkeypatch.setenv("PTHFA_IMPL", "wb4")
-    L.reload_env()
+    _ops.reload_env()
     try:
         assert V.choose_part_size_wb(64, 8192, 16, 132) == 4096
         assert V.choose_part_size_wb(8, 8192, 16, 132) == 512
@@ -315,41 +316,41 @@ def test_whole_block_plan(monkeypatch: pytest.MonkeyPatch) -> None:
                 "v_scale": T((NB, BS, 8), "torch.float32"),
                 "block_tables": T((S, 5), "torch.int32"), "seq_lens": T((S,), "torch.int32")}
         a = V.check_decode(**kvh8)
-        p = L._DecodePlan(a, 70, None, None)
-        assert p.grid == (5, 1, S) and p.threads == 256 and p.fmt == L.FMT_WB
+        p = _plan._DecodePlan(a, 70, None, None)
+        assert p.grid == (5, 1, S) and p.threads == 256 and p.fmt == _driver.FMT_WB
         part: object = p.part
-        assert part == (0, "pthfa_decode_wb4_bf16_d128_h8", L.FMT_WB,
+        assert part == (0, "pthfa_decode_wb4_bf16_d128_h8", _driver.FMT_WB,
                         V.smem_bytes_wb(16, BS, 8, D, 4))
         assert p.counters == 0
-        q = L._DecodePlan(V.check_decode(**dec()), 70, None, None)  # 2 KV heads: cp3
-        assert q.threads == V.THREADS and q.fmt == L.FMT_CP
+        q = _plan._DecodePlan(V.check_decode(**dec()), 70, None, None)  # 2 KV heads: cp3
+        assert q.threads == V.THREADS and q.fmt == _driver.FMT_CP
     finally:
         monkeypatch.delenv("PTHFA_IMPL")
-        L.reload_env()
+        _ops.reload_env()
 
 
 def test_plan_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
     """A plan is made per bucket of max_seq_len: never below it, at most 12.5% above, never
     above the block tables' capacity, and few buckets over a long generation. The plan's
     grid, scratch and kernels follow the bucket (kernel loading needs a GPU: recorded here)."""
-    from pthfa import _launch as L
+    from pthfa import _driver, _plan
 
-    monkeypatch.setattr(L, "_kernel", lambda dev, name, fmt, smem=0: (dev, name, fmt, smem))
+    monkeypatch.setattr(_plan, "_kernel", lambda dev, name, fmt, smem=0: (dev, name, fmt, smem))
 
     seen = set()
     for n in range(0, 40000):
-        b = L._bucket(n, 40000)
+        b = _plan._bucket(n, 40000)
         assert n <= b <= max(n, n + n // 8 + 1)
         seen.add(b)
     assert len(seen) < 160
-    assert L._bucket(5000, 5003) == 5003 and L._bucket(5000, 8192) == 5120
+    assert _plan._bucket(5000, 5003) == 5003 and _plan._bucket(5000, 8192) == 5120
     a = V.check_decode(**dec())
-    p = L._DecodePlan(a, L._bucket(70, a.max_blocks * a.block_size), 32, None)
+    p = _plan._DecodePlan(a, _plan._bucket(70, a.max_blocks * a.block_size), 32, None)
     assert p.grid == (3, KVH, S) and p.reduce_ints == (H, 32, 3)
     assert p.work_bytes == S * H * 3 * (D + 2) * 4 and p.acc_bytes == S * H * 3 * D * 4
     part: object = p.part
     reduce: object = p.reduce
     assert p.counters == S * KVH  # cp3 reduces in its last CTAs: a counter per (seq, head)
-    assert part == (0, "pthfa_decode_cp3_bf16_d128", L.FMT_CP,
+    assert part == (0, "pthfa_decode_cp3_bf16_d128", _driver.FMT_CP,
                       V.smem_bytes_cp(32, BS, H // KVH, D, 3))
-    assert reduce == (0, "pthfa_decode_reduce_bf16_d128", L.FMT_REDUCE, 0)
+    assert reduce == (0, "pthfa_decode_reduce_bf16_d128", _driver.FMT_REDUCE, 0)

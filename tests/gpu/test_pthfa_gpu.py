@@ -377,16 +377,16 @@ def test_graph_capture_with_eager_calls_between_replays() -> None:
 def test_two_devices_keep_their_own_handles() -> None:
     """The same kernels on cuda:0 and cuda:1, the current device being either: each device
     gets its own loaded module and function handle, and both give the reference."""
-    from pthfa import _launch as L
+    from pthfa import _driver as D
 
     for dev, current in (("cuda:1", 0), ("cuda:1", 1), ("cuda:0", 1), ("cuda:0", 0)):
         with torch.cuda.device(current):
             RESULTS.append(f"{dev} (current {current}): " + _decode_case(
                 [1, 700, 3000], 2, 4, 128, 16, "bf16", seed=70, dev=dev))
-    names = {n for (_d, n) in L._KERNELS}
+    names = {n for (_d, n) in D._KERNELS}
     for name in names:
-        if (0, name) in L._KERNELS and (1, name) in L._KERNELS:
-            assert L._KERNELS[(0, name)].fn != L._KERNELS[(1, name)].fn
+        if (0, name) in D._KERNELS and (1, name) in D._KERNELS:
+            assert D._KERNELS[(0, name)].fn != D._KERNELS[(1, name)].fn
 
 
 def test_zz_report() -> None:

@@ -8,7 +8,8 @@ work without them. The PTHFA_* knobs are read at the first call; ``reload_env()`
 
 from __future__ import annotations
 
-from ._launch import cubin_dir, decode, find_cubin, quantize_kv, reload_env
+from ._cubins import cubin_dir, find_cubin
+from ._ops import decode, quantize_kv, reload_env
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "cubin_dir", "decode", "find_cubin", "quantize_kv", "reload_env"]

@@ -42,7 +42,7 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.kv_cache_interface import AttentionSpec, KVQuantMode
 
-from . import _launch
+from . import _ops
 
 NAME = "PTHFA"
 KV_CACHE_DTYPE = "int8_per_token_head"
@@ -267,7 +267,7 @@ class PthfaImpl(AttentionImpl[PthfaMetadata]):
                            kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         n = slot_mapping.shape[0]
         k, v, ks, vs = self.cache_views(kv_cache)
-        _launch.quantize_kv(key[:n], value[:n], k, v, ks, vs, slot_mapping)
+        _ops.quantize_kv(key[:n], value[:n], k, v, ks, vs, slot_mapping)
 
     def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: PthfaMetadata,
@@ -281,9 +281,9 @@ class PthfaImpl(AttentionImpl[PthfaMetadata]):
         k, v, ks, vs = self.cache_views(kv_cache)
         nd = m.num_decodes
         if nd:
-            _launch.decode(query[:nd], k, v, ks, vs, m.block_table[:nd], m.seq_lens[:nd],
-                           max_seq_len=m.decode_max_seq_len, sm_scale=self.scale,
-                           out=output[:nd])
+            _ops.decode(query[:nd], k, v, ks, vs, m.block_table[:nd], m.seq_lens[:nd],
+                        max_seq_len=m.decode_max_seq_len, sm_scale=self.scale,
+                        out=output[:nd])
         if m.num_prefills:
             from vllm.v1.attention.ops.triton_unified_attention import unified_attention
 
