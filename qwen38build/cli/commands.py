@@ -247,8 +247,24 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
             raise UsageError(f"command line: {message}.",
                              hint=f"run `{self.prog} --help` for the usage")
 
+    class Version(argparse.Action):
+        """``--version``: computed only when asked (it hashes the package's source)."""
+
+        def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+            super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                             nargs=0, help=kwargs.get("help"))
+
+        def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                     values: Any, option_string: str | None = None) -> None:
+            from qwen38build.cli.version import version_line
+
+            print(version_line())
+            parser.exit(0)
+
     p = Parser(prog="qwen38build", description=DESCRIPTION,
                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action=Version, help="print the version and the "
+                   "implementation digest (sha256 of the package's source) and exit")
     p.add_argument("--recipe", default="recipe.toml", help="the recipe (default: ./recipe.toml)")
     p.add_argument("--store", help="store directory (default: $QWEN38BUILD_STORE or the user "
                    "cache dir)")
@@ -269,4 +285,6 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
 def parse(argv: list[str]) -> argparse.Namespace:
     """``argv`` parsed, building only the sub-parser of the command it names."""
     command = command_of(argv)
+    if command is None and "--version" in argv:
+        return parser("--version").parse_args(argv)  # no sub-parser needed to answer it
     return parser(command if command in NAMES else None).parse_args(argv)
