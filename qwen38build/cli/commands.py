@@ -149,7 +149,8 @@ def _push(p: Any) -> None:
 
 def _keygen(p: Any) -> None:
     p.add_argument("name", help="the key's name, e.g. q38-ci-1 (signatures carry it)")
-    p.add_argument("--dir", default=".", help="where to write the two files (default: .)")
+    p.add_argument("--dir", help="where to write the two files (default: the user config "
+                   "dir, ~/.config/qwen38build or $XDG_CONFIG_HOME/qwen38build)")
 
 
 def _table(p: Any) -> None:
