@@ -188,7 +188,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("ci", "continuous-integration helpers", None, sub=(
         Command("matrix", "GitHub Actions matrix, one entry per CUDA arch",
                 "inspect:cmd_ci_matrix"),)),
-    Command("gc", "remove store entries no root reaches", "store:cmd_gc", _gc),
+    Command("gc", "remove store entries no root reaches; say what, and the bytes freed",
+            "store:cmd_gc", _gc, json=True),
     Command("store", "store maintenance", None, sub=(
         Command("verify", "re-hash every entry; name any that changed",
                 "store:cmd_store_verify", json=True),)),
