@@ -452,3 +452,28 @@ def test_rebase_with_retire_does_not_carry_the_retired_topics(
     assert (r.done, r.skipped) == (("other",), ("limit",))
     assert report.retired == ("limit",) and report.ok
     assert "Not carried (retired): limit." in report.to_markdown()
+
+
+def test_a_pin_edited_by_hand_points_the_build_to_bump_which_moves_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from qwen38build.cli import main
+
+    p = two_pins(tmp_path, monkeypatch, ["clean-a", "offset-b"])
+    common = ["--recipe", str(p.root / "recipe.toml"), "--store", str(p.store_root)]
+    text = (p.root / "recipe.toml").read_text()
+    (p.root / "recipe.toml").write_text(sub(text, f'version = "{PIN}"', f'version = "{NEW}"'))
+    assert main([*common, "build", "--no-link", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert f"run `qwen38build bump vllm {NEW}` to move the pin from {PIN}" in err
+    assert "qwen38build lock" not in err
+    # The hint works as given: bump moves from the locked pin to the edited one.
+    assert main([*common, "bump", "vllm", NEW, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"{PIN} → {NEW}" in out or f"{PIN} -> {NEW}" in out, out[:400]
+    assert lock.read(p.root)["vllm"].version == PIN
+    assert main([*common, "bump", "vllm", NEW]) == 0
+    capsys.readouterr()
+    assert lock.read(p.root)["vllm"].version == NEW
+    # recipe and lock agree again (this fixture's new wheel lacks envs.py, so no build)
+    lock.locked_vllm(recipe.load(p.root / "recipe.toml"), lock.read(p.root))

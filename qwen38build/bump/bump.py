@@ -148,6 +148,7 @@ def bump(
         Version(new_version)
     except InvalidVersion:
         raise InputError(f"{new_version!r} is not a PEP 440 version.") from None
+    loaded = _from_lock(loaded)
     old_version = loaded.recipe.vllm.version
     old_wheel = locked_wheel(loaded, store)
     new_entry, new_wheel = resolve_wheel(loaded, store, new_version)
@@ -172,6 +173,19 @@ def bump(
             report.retired = tuple(reasons)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _from_lock(loaded: LoadedRecipe) -> LoadedRecipe:
+    """``loaded`` with the locked vLLM version as its pin when the recipe's pin was edited
+    by hand (the version moved, the tags did not): the old pin is what the lock holds, so
+    `bump vllm X` after editing the recipe to X moves from there, as the build's hint says."""
+    import dataclasses
+
+    entry = lockmod.read(loaded.root).get(loaded.recipe.vllm.name)
+    if entry is None or not lockmod.moved_pin(loaded, entry):
+        return loaded
+    vllm = loaded.recipe.vllm.model_copy(update={"version": entry.version})
+    return dataclasses.replace(loaded, recipe=loaded.recipe.model_copy(update={"vllm": vllm}))
 
 
 def relock_environment(
