@@ -294,3 +294,36 @@ def test_a_requirement_with_no_wheel_is_not_locked_from_source(
     err = capsys.readouterr().err
     assert "uv failed to lock the Python environment" in err and "onlysource" in err
     assert not envlock.pylock_path(p.root).exists()
+
+
+@pytest.mark.parametrize("how", ["global", "bump", "env"])
+def test_bump_offline_never_touches_the_network_and_says_it_did_not_relock(
+    proj: Project, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    from qwen38build.cli import main
+    from qwen38build.steps import fetch as fetchstep
+    from tests.engine_fixtures import make_wheel
+
+    locking.relock_env(loaded(proj), Store(proj.store))
+    wheel = make_wheel(proj.wheels, version="0.0.2", requires=PIN_REQUIRES)
+
+    def network(*args: object, **kwargs: object) -> str:
+        raise AssertionError(f"the network was asked for: {args}")
+
+    monkeypatch.setattr(envlock, "uv", network)
+    monkeypatch.setattr(fetchstep, "pip_download", network)
+    if how == "env":
+        monkeypatch.setenv("QWEN38BUILD_OFFLINE", "1")
+
+    def bump_to(version: str) -> list[str]:
+        argv = ["bump", "vllm", version, "--dry-run"]
+        return {"global": ["--offline", *argv], "bump": [*argv, "--offline"], "env": argv}[how]
+
+    assert proj.run(*bump_to("0.0.2")) == 0
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if "re-lock" in line]
+    assert len(said) == 1 and said[0].startswith("Not re-locked: offline"), out
+    # A new wheel in no local store or folder: refused in one line, pip never run.
+    wheel.unlink()
+    assert proj.run(*bump_to("0.0.3")) == 1
+    assert "offline mode forbids fetching it" in capsys.readouterr().err

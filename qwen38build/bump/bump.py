@@ -60,7 +60,7 @@ from qwen38build.bump.report import (
 from qwen38build.bump.trial import try_series
 from qwen38build.digest import sha256_file
 from qwen38build.engine.fetch import locked_wheel, wheel_in_store
-from qwen38build.errors import InputError, LockError, Qwen38BuildError
+from qwen38build.errors import FetchError, InputError, LockError, Qwen38BuildError
 from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.env import source_dirs
 from qwen38build.inputs.recipe import LoadedRecipe
@@ -97,8 +97,13 @@ def resolve_wheel(
         if p.is_file():
             e = entry(sha256_file(p), p.stat().st_size)
             return e, wheel_in_store(loaded, store, e)
+    from qwen38build.cache.config import offline_env
     from qwen38build.steps.fetch import pip_download
 
+    if offline_env():
+        raise FetchError(
+            f"{filename} is in no local store or sources folder, and offline mode forbids "
+            "fetching it.", hint="run once without --offline, or set QWEN38BUILD_SOURCES")
     with tempfile.TemporaryDirectory(prefix="q38-bump.") as tmp:
         got = pip_download(pin.name, version, python=python, platform=pin.platform_tag,
                            dest=Path(tmp))
@@ -196,11 +201,17 @@ def relock_environment(
     A project without an environment lock gets None. When the recipe's torch is excluded
     by the new pin but the pin names one version, the lock takes that one and the report
     says the recipe's torch moves with it. A failure (uv, the network) is reported, not
-    raised: the per-patch report stands on its own.
+    raised: the per-patch report stands on its own. Offline (``--offline``,
+    ``QWEN38BUILD_OFFLINE=1``) uv is never run, as it would ask the index: the report says
+    the lock was not re-made.
     """
+    from qwen38build.cache.config import offline_env
+
     path = envlock.pylock_path(loaded.root)
     if not path.is_file():
         return None, None
+    if offline_env():
+        return EnvReport(None, offline=True), None
     try:
         old = envlock.packages_of(path.read_text(encoding="utf-8"), str(path))
         pin = f"{entry.name} {entry.version}"

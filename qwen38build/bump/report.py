@@ -103,6 +103,7 @@ class EnvReport:
     move: envlock.EnvMove | None
     torch: tuple[str, str] | None = None  # recipe [toolchain] torch, old → new
     error: str = ""
+    offline: bool = False  # not re-locked: offline, and re-locking asks the index
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -110,10 +111,15 @@ class EnvReport:
             "recipe_torch": None if self.torch is None else {"from": self.torch[0],
                                                               "to": self.torch[1]},
             "error": self.error or None,
+            "offline": self.offline,
         }
 
     def lines(self) -> list[str]:
         out = ["", f"### Python environment ({lockmod.LOCK_DIR}/{envlock.PYLOCK})", ""]
+        if self.offline:
+            return [*out, "Not re-locked: offline (--offline or QWEN38BUILD_OFFLINE=1), and "
+                    "re-locking asks the index; bump again online, or run `qwen38build "
+                    "lock` after the bump, to re-lock it."]
         if self.error:
             return [*out, f"Not re-locked: {self.error}"]
         if self.torch is not None:

@@ -117,6 +117,13 @@ def _export(p: Any) -> None:
                    "disagree; write nothing")
 
 
+def _suppress() -> str:
+    """argparse's SUPPRESS: a sub-command's copy of a global flag must not reset it."""
+    import argparse
+
+    return argparse.SUPPRESS
+
+
 def _bump(p: Any) -> None:
     p.add_argument("package", help="what to bump (vllm)")
     p.add_argument("version", help="the new version, e.g. 0.33.0")
@@ -124,6 +131,10 @@ def _bump(p: Any) -> None:
     p.add_argument("--rebase", metavar="DIR", help="carry the workspace onto the new pin")
     p.add_argument("--retire", action="store_true", help="retire the (likely) upstreamed "
                    "patches: series.retired, files deleted, prose kept in PATCHES.md")
+    p.add_argument("--offline", action="store_true", default=_suppress(),
+                   help="never touch the network: the new wheel must be in the store or "
+                   "$QWEN38BUILD_SOURCES, and the environment is not re-locked (also "
+                   "QWEN38BUILD_OFFLINE=1; same as the global --offline)")
 
 
 def _kernels(p: Any) -> None:
