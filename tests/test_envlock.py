@@ -300,7 +300,6 @@ def test_a_requirement_with_no_wheel_is_not_locked_from_source(
 def test_bump_offline_never_touches_the_network_and_says_it_did_not_relock(
     proj: Project, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], how: str
 ) -> None:
-    from qwen38build.cli import main
     from qwen38build.steps import fetch as fetchstep
     from tests.engine_fixtures import make_wheel
 
