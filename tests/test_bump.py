@@ -477,3 +477,26 @@ def test_a_pin_edited_by_hand_points_the_build_to_bump_which_moves_it(
     assert lock.read(p.root)["vllm"].version == NEW
     # recipe and lock agree again (this fixture's new wheel lacks envs.py, so no build)
     lock.locked_vllm(recipe.load(p.root / "recipe.toml"), lock.read(p.root))
+
+
+def test_the_carry_leaves_git_usable_with_a_fresh_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = two_pins(tmp_path, monkeypatch, ["clean-a", "conflict-c"])
+    ws = tmp_path / "ws"
+    report = bump.bump(p.loaded(), p.store, NEW, rebase=ws)
+    assert report.rebase is not None and report.rebase.stopped_at == "conflict-c"
+    (ws / "vllm" / "c.py").write_text(sub(C, "c line 10\n", "c line 10 upstream ours\n"))
+    home = tmp_path / "fresh-home"  # no ~/.gitconfig: no identity but the repository's
+    home.mkdir()
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1",
+           "GIT_EDITOR": "true", "LC_ALL": "C"}
+
+    def user_git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], cwd=ws, env=env, capture_output=True, text=True,
+                              check=False)
+
+    assert user_git("add", "vllm/c.py").returncode == 0
+    done = user_git("cherry-pick", "--continue")
+    assert done.returncode == 0, done.stderr
+    assert user_git("log", "-1", "--format=%s").stdout.strip().endswith("conflict-c")

@@ -263,6 +263,7 @@ def rebase_workspace(
     if not repo.exists() or not any(repo.iterdir()):
         workspace.create(loaded, store, repo)
     git = workspace.git
+    workspace.local_identity(repo, keep=True)  # a workspace made before it was written
     old_tag = workspace.pin_tag(loaded.recipe.vllm.version)
     new_tag = workspace.pin_tag(new_version)
     branch = f"{workspace.BRANCH}-{new_version}"

@@ -93,6 +93,16 @@ def git_env(*, identity: bool = True, **declared: str) -> dict[str, str]:
     })
 
 
+def local_identity(repo: Path, *, keep: bool = False) -> None:
+    """Write the workspace's identity into its own ``.git/config``, so that the user's git
+    (``git cherry-pick --continue``, ``git commit``) works with any HOME, one with no
+    identity included. With ``keep``, an identity the repository already has stays."""
+    for key, env in (("user.name", "GIT_COMMITTER_NAME"), ("user.email", "GIT_COMMITTER_EMAIL")):
+        if keep and git(repo, "config", "--local", "--get", key, check=False).strip():
+            continue
+        git(repo, "config", "--local", key, IDENTITY[env])
+
+
 def git(repo: Path, *args: str, stdin: str | None = None, check: bool = True,
         env: dict[str, str] | None = None) -> str:
     """Run git in ``repo``; a failure is a Qwen38BuildError quoting git's own words."""
@@ -186,6 +196,7 @@ def create(loaded: LoadedRecipe, store: Store, dest: Path) -> Path:
     wheel = locked_wheel(loaded, store)
     git(dest, "init", "-q", "-b", BRANCH)
     git(dest, "config", "core.autocrlf", "false")
+    local_identity(dest)
     git(dest, "config", "core.looseCompression", "1")  # speed over size: a scratch repo
     extract_package(wheel, dest / PACKAGE, touched_by_series(entries))
     git(dest, "add", "-A", "--", PACKAGE)
