@@ -32,11 +32,12 @@ def cmd_workspace_create(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from qwen38build.workspace.workspace import export
+    from qwen38build.workspace.workspace import export_topics
 
     loaded = stages.load_recipe(args)
     dest = Path(args.dir) if args.dir else loaded.root / "workspace"
-    files = export(loaded, dest, args.topics or None, check=args.check)
+    done = export_topics(loaded, dest, args.topics or None, check=args.check)
+    files, unfinished = done.changed, done.unfinished
     if args.check:
         if files:
             raise CheckFailed(
@@ -44,9 +45,19 @@ def cmd_export(args: argparse.Namespace) -> int:
                 + ", ".join(str(f.relative_to(loaded.root)) for f in files) + ".",
                 hint=f"run `qwen38build export {dest}` to regenerate them",
             )
-        print("every patch file matches its workspace commit")
-        return ExitCode.OK
-    print("\n".join(f"wrote {f.relative_to(loaded.root)}" for f in files) or "nothing changed")
+        if not unfinished:
+            print("every patch file matches its workspace commit")
+            return ExitCode.OK
+    else:
+        print("\n".join(f"wrote {f.relative_to(loaded.root)}" for f in files)
+              or "nothing changed")
+    if unfinished:
+        raise CheckFailed(
+            f"not exported, no commit in {dest} yet: {', '.join(unfinished)} (every other "
+            "topic was " + ("checked" if args.check else "exported") + ").",
+            hint="finish them in the workspace (after a stopped carry: resolve, `git add`, "
+            "`git cherry-pick --continue`; else commit '[qwen38] TOPIC'), then export again",
+        )
     return ExitCode.OK
 
 
