@@ -297,12 +297,12 @@ OURS = sub(SERVE, "        done += 1\n",
          "            logger.warning(\"request cap %d reached, stopping\", cap)\n"
          "            break\n").replace("def serve(requests, limit):", "def serve(requests, cap):"),
      "similarity"),
-    # the same lines, only the message reworded, and moved into the loop's head
+    # the same lines (quoted otherwise), moved into the loop's head
     (sub(SERVE, "    for r in requests:\n",
          "    for r in requests:\n        if done >= limit:\n"
-         "            logger.warning('stopping: the limit of %d requests is reached', limit)\n"
+         "            logger.warning('request limit %d reached, stopping', limit)\n"
          "            break\n"),
-     "other strings"),
+     "contained"),
 ])
 def test_change_made_upstream_in_other_words_is_likely_upstreamed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, upstream: str, how: str
@@ -316,8 +316,7 @@ def test_change_made_upstream_in_other_words_is_likely_upstreamed(
     if how == "similarity":
         assert h.similarity >= 0.75 and "similarity" in h.evidence
     else:
-        assert h.evidence == ("its added lines are all in the upstream diff, with other strings "
-                              "('request limit %d reached, stopping')")
+        assert h.evidence == "its added lines are all in the upstream diff"
     assert h.side_by_side.splitlines()[0].startswith("ours ")
     md = report.to_markdown()
     assert "| 1 | limit | likely-upstreamed |" in md
@@ -334,6 +333,40 @@ def test_a_different_change_to_the_same_lines_stays_a_conflict(
     assert got.outcome == "conflict"
     (h,) = got.failures
     assert h.evidence == "" and h.similarity is not None and h.similarity < 0.75
+
+
+DTYPES = """\
+import torch
+
+STR_DTYPE = {
+    "float32": torch.float32,
+    "half": torch.half,
+    "fp8": torch.uint8,
+}
+"""
+
+
+@pytest.mark.parametrize("ours, theirs", [
+    ('    "kvarn_int4": torch.uint8,\n', '    "ultraquant_4bit": torch.uint8,\n'),  # keys
+    ('    "kvarn": "int4",\n', '    "kvarn": "int8",\n'),  # string values
+])
+def test_lines_differing_only_in_a_string_are_not_a_match(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ours: str, theirs: str
+) -> None:
+    """Upstream added its own entry where ours goes: the code of the two lines is the same,
+    their strings are not, so it is a conflict and never a retire candidate."""
+    from qwen38build.series import upstreamed
+
+    anchor = '    "fp8": torch.uint8,\n'
+    p = custom_pins(tmp_path, monkeypatch, DTYPES, sub(DTYPES, anchor, anchor + theirs),
+                    {"kvarn-dtype": (DTYPES, sub(DTYPES, anchor, anchor + ours))})
+    (got,) = bump.bump(p.loaded(), p.store, NEW).patches
+    assert got.outcome == "conflict", got
+    (h,) = got.failures
+    assert h.evidence == "" and h.similarity is not None and h.similarity < 0.75
+    assert upstreamed.similarity(([], [ours]), ([], [theirs])) < upstreamed.THRESHOLD
+    # the same line, quoted and spaced otherwise, still is one
+    assert upstreamed.skeleton(ours) == upstreamed.skeleton(ours.replace('"', "'") + "  ")
 
 
 def test_reindented_region_is_a_conflict_of_its_own_not_depends_on_failed(
@@ -379,7 +412,7 @@ def test_retire_moves_the_topic_to_retired_and_keeps_its_prose(
 
     upstream = sub(SERVE, "    for r in requests:\n",
                    "    for r in requests:\n        if done >= limit:\n"
-                   "            logger.warning('stopping: the limit of %d is reached', limit)\n"
+                   "            logger.warning('request limit %d reached, stopping', limit)\n"
                    "            break\n")
     p = custom_pins(tmp_path, monkeypatch, SERVE, upstream,
                     {"limit": (SERVE, OURS), "other": (SERVE, sub(SERVE, "    return None\n",
@@ -400,8 +433,7 @@ def test_retire_moves_the_topic_to_retired_and_keeps_its_prose(
     assert text.endswith(
         f"Retired earlier: x.\n\nRetired at {NEW} and removed from the tree: `limit` "
         f"(likely-upstreamed in {NEW}: serve.py #1: its added lines are all in the upstream "
-        f"diff, with other strings ('request limit %d reached, stopping') (similarity "
-        f"{sim:.2f}): retire candidate). It did: limit does a thing. Why limit is right: a "
+        f"diff (similarity {sim:.2f}): retire candidate). It did: limit does a thing. Why limit is right: a "
         "paragraph of prose. # a line that starts like a comment stays in the body\n"
     )
     assert [f for f in lint.check(lint.load_for_lint(p.root / "recipe.toml"))
@@ -416,7 +448,7 @@ def test_cli_retire_refuses_dry_run_and_retires_otherwise(
 
     upstream = sub(SERVE, "    for r in requests:\n",
                    "    for r in requests:\n        if done >= limit:\n"
-                   "            logger.warning('stopping: the limit of %d is reached', limit)\n"
+                   "            logger.warning('request limit %d reached, stopping', limit)\n"
                    "            break\n")
     p = custom_pins(tmp_path, monkeypatch, SERVE, upstream, {"limit": (SERVE, OURS)})
     common = ["--recipe", str(p.root / "recipe.toml"), "--store", str(p.store_root)]
@@ -436,7 +468,7 @@ def test_rebase_with_retire_does_not_carry_the_retired_topics(
 ) -> None:
     upstream = sub(SERVE, "    for r in requests:\n",
                    "    for r in requests:\n        if done >= limit:\n"
-                   "            logger.warning('stopping: the limit of %d is reached', limit)\n"
+                   "            logger.warning('request limit %d reached, stopping', limit)\n"
                    "            break\n")
     p = custom_pins(tmp_path, monkeypatch, SERVE, upstream,
                     {"limit": (SERVE, OURS), "other": (OURS, sub(OURS, "    return None\n",
