@@ -532,3 +532,60 @@ def test_the_carry_leaves_git_usable_with_a_fresh_home(
     done = user_git("cherry-pick", "--continue")
     assert done.returncode == 0, done.stderr
     assert user_git("log", "-1", "--format=%s").stdout.strip().endswith("conflict-c")
+
+
+def test_dry_run_prints_a_screen_of_next_steps_and_writes_each_upstream_diff_once(
+    pins: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    from qwen38build.cli import main
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    common = ["--recipe", str(pins.root / "recipe.toml"), "--store", str(pins.store_root)]
+    assert main([*common, "bump", "vllm", NEW, "--dry-run"]) == 1
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "```" not in out and len(lines) < 30, out
+    row = {ln.split()[1]: ln.split(None, 3)[3] for ln in lines
+           if ln[:3].strip().isdigit() and len(ln.split()) > 3}
+    assert row["clean-a"] == "nothing"
+    assert row["offset-b"] == "re-cut at offset: b.py #1 +5"
+    assert row["conflict-c"].startswith("rebase this hunk: c.py #1@")
+    assert row["upstreamed-d"].startswith("retire (`--retire`)")
+    assert row["deleted-e"].startswith("carry its hunks: e.py gone (moved to moved/e.py?)")
+    assert row["on-f"] == "fix base-f first, then rebase it on that"
+    assert any(ln.split()[:2] == ["conflict", "2"] for ln in lines)  # the summary table
+    assert any(ln.startswith(f"Next: `qwen38build bump vllm {NEW} --rebase DIR`") for ln in lines)
+    (shown,) = [ln for ln in lines if ln.startswith("Full report (")]
+    path = Path(shown.rsplit(": ", 1)[1])
+    assert path == home / ".cache" / "qwen38build" / "reports" / f"bump-{PIN}-{NEW}.md"
+    md = path.read_text()
+    assert f"Full report ({md.count(chr(10))} lines" in shown
+    assert "| 3 | offset-b | offset | b.py #1 +5 | re-cut at offset: b.py #1 +5 |" in md
+    # --report FILE puts it there instead
+    mine = tmp_path / "mine.md"
+    assert main([*common, "bump", "vllm", NEW, "--dry-run", "--report", str(mine)]) == 1
+    assert capsys.readouterr().out.rstrip().endswith(str(mine)) and mine.read_text() == md
+
+
+def test_an_upstream_diff_two_hunks_need_is_in_the_report_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g = numbered("g", 40)
+    upstream = sub(sub(g, "g line 15\n", "g line 15 upstream\n"),
+                   "g line 21\n", "g line 21 upstream\n")  # one upstream hunk
+    p = custom_pins(tmp_path, monkeypatch, g, upstream, {
+        "near-15": (g, sub(g, "g line 14\n", "g line 14 ours\n")),
+        "near-21": (g, sub(g, "g line 22\n", "g line 22 ours\n")),
+    })
+    report = bump.bump(p.loaded(), p.store, NEW)
+    assert [x.outcome for x in report.patches] == ["conflict", "conflict"]
+    md = report.to_markdown()
+    assert md.count("+g line 21 upstream") == 1  # the diff, once
+    assert md.count("upstream's change here: [U1](#u1)") == 2  # linked from both hunks
+    assert '<a id="u1"></a>' in md and "[U2]" not in md
+    screen = report.to_screen("r.md")
+    assert "rebase this hunk: serve.py #1@" in screen and "(U1)" in screen
+    assert "```" not in screen

@@ -321,7 +321,7 @@ def test_bump_offline_never_touches_the_network_and_says_it_did_not_relock(
     assert proj.run(*bump_to("0.0.2")) == 0
     out = capsys.readouterr().out
     said = [line for line in out.splitlines() if "re-lock" in line]
-    assert len(said) == 1 and said[0].startswith("Not re-locked: offline"), out
+    assert len(said) == 1 and "Not re-locked: offline" in said[0], out
     # A new wheel in no local store or folder: refused in one line, pip never run.
     wheel.unlink()
     assert proj.run(*bump_to("0.0.3")) == 1

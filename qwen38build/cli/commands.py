@@ -131,6 +131,8 @@ def _bump(p: Any) -> None:
     p.add_argument("--rebase", metavar="DIR", help="carry the workspace onto the new pin")
     p.add_argument("--retire", action="store_true", help="retire the (likely) upstreamed "
                    "patches: series.retired, files deleted, prose kept in PATCHES.md")
+    p.add_argument("--report", metavar="FILE", help="where to write the whole report "
+                   "(Markdown; default: ~/.cache/qwen38build/reports/bump-OLD-NEW.md)")
     p.add_argument("--offline", action="store_true", default=_suppress(),
                    help="never touch the network: the new wheel must be in the store or "
                    "$QWEN38BUILD_SOURCES, and the environment is not re-locked (also "

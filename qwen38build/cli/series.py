@@ -19,6 +19,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
 
+    from qwen38build.bump.report import BumpReport
+
 
 def cmd_workspace_create(args: argparse.Namespace) -> int:
     from qwen38build.workspace.workspace import create
@@ -72,11 +74,27 @@ def cmd_bump(args: argparse.Namespace) -> int:
     stages.check_patch_files(loaded)
     report = bump(loaded, stages.open_store(args), args.version, dry_run=args.dry_run,
                   rebase=Path(args.rebase) if args.rebase else None, retire=args.retire)
-    stages.emit(args, report.to_json(), report.to_markdown())
+    if args.json:
+        stages.emit(args, report.to_json(), "")
+    else:  # a screen per class of patch; the whole report, every diff once, to a file
+        from qwen38build.files import atomic_write
+
+        path = Path(args.report) if args.report else _report_path(report)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, report.to_markdown().encode("utf-8"))
+        print(report.to_screen(str(path)), end="")
     if not report.ok or (report.rebase is not None and not report.rebase.ok):
         raise CheckFailed(f"moving vllm to {args.version}: some patches do not carry over "
                           "(the report above names each, and what to do next).")
     return ExitCode.OK
+
+
+def _report_path(report: BumpReport) -> Path:
+    """``bump-OLD-NEW.md`` in the user cache dir (``~/.cache/qwen38build/reports``)."""
+    from platformdirs import user_cache_dir
+
+    name = f"bump-{report.old_version}-{report.new_version}.md"
+    return Path(user_cache_dir("qwen38build")) / "reports" / name
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
