@@ -326,3 +326,41 @@ def test_bump_offline_never_touches_the_network_and_says_it_did_not_relock(
     wheel.unlink()
     assert proj.run(*bump_to("0.0.3")) == 1
     assert "offline mode forbids fetching it" in capsys.readouterr().err
+
+
+def test_bump_relocks_a_pin_once_then_takes_the_lock_from_the_store(
+    proj: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.engine_fixtures import make_wheel
+
+    locking.relock_env(loaded(proj), Store(proj.store))
+    make_wheel(proj.wheels, version="0.0.2", requires=["torch==2.13.0", "tinydep>=1"])
+    calls: list[str] = []
+    real = envlock.uv
+
+    def counted(args: list[str], *, what: str) -> str:
+        calls.append(what)
+        return real(args, what=what)
+
+    monkeypatch.setattr(envlock, "uv", counted)
+
+    def dry() -> bumpreport.EnvReport:
+        env = bump.bump(loaded(proj), Store(proj.store), "0.0.2", dry_run=True).environment
+        assert env is not None and env.move is not None
+        return env
+
+    first = dry()
+    assert len(calls) == 1 and not first.cached
+    again = dry()
+    assert len(calls) == 1 and again.cached and again.move == first.move
+    assert "locked by an earlier bump from the same inputs" in again.summary()
+    monkeypatch.setenv("QWEN38BUILD_OFFLINE", "1")  # offline, the cached lock serves
+    offline = dry()
+    assert len(calls) == 1 and offline.cached and not offline.offline
+    monkeypatch.delenv("QWEN38BUILD_OFFLINE")
+    monkeypatch.setenv("UV_HTTP_TIMEOUT", "31")  # another uv configuration: another key
+    assert not dry().cached and len(calls) == 2
+    # the real bump writes the cached lock, and it is current for the moved recipe
+    bump.bump(loaded(proj), Store(proj.store), "0.0.2", dry_run=False)
+    assert len(calls) == 2
+    assert envlock.check(loaded(proj)) == envlock.pylock_path(proj.root)

@@ -71,6 +71,10 @@ from qwen38build.store.store import Store
 from qwen38build.workspace import workspace
 from qwen38build.workspace.workspace import PACKAGE
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from packaging.requirements import Requirement
+
 # -- resolving the new wheel -------------------------------------------------------------
 
 
@@ -161,7 +165,7 @@ def bump(
     report = BumpReport(old_version, new_version, new_entry, patches, dry_run)
     reasons = {p.patch: f"{p.outcome} in {new_version}: {p.summary()}"
                for p in patches if p.outcome in RETIRABLE} if retire and not dry_run else {}
-    report.environment, env_lock = relock_environment(loaded, new_entry, new_wheel)
+    report.environment, env_lock = relock_environment(loaded, new_entry, new_wheel, store)
     if rebase is not None:
         topics = {e.row_name: e.topic for e in loaded.series_entries()}
         report.rebase = rebase_workspace(loaded, store, rebase, new_version, new_wheel,
@@ -193,35 +197,84 @@ def _from_lock(loaded: LoadedRecipe) -> LoadedRecipe:
     return dataclasses.replace(loaded, recipe=loaded.recipe.model_copy(update={"vllm": vllm}))
 
 
+#: The store's folder of environment locks bump made, each named by the key of what it was
+#: locked from (:func:`_relock_key`): a later bump to the same pin takes it, with no uv run.
+ENVLOCKS = "envlocks"
+
+
 def relock_environment(
-    loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path
+    loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path, store: Store
 ) -> tuple[EnvReport | None, envlock.Locked | None]:
     """Lock the environment for the new pin (nothing written) and compare with the current.
 
     A project without an environment lock gets None. When the recipe's torch is excluded
     by the new pin but the pin names one version, the lock takes that one and the report
     says the recipe's torch moves with it. A failure (uv, the network) is reported, not
-    raised: the per-patch report stands on its own. Offline (``--offline``,
-    ``QWEN38BUILD_OFFLINE=1``) uv is never run, as it would ask the index: the report says
-    the lock was not re-made.
+    raised: the per-patch report stands on its own. The lock is cached in the store by
+    what it is made from, so a bump to the same pin asks uv once. Offline (``--offline``,
+    ``QWEN38BUILD_OFFLINE=1``) uv is never run, as it would ask the index: without a
+    cached lock the report says the lock was not re-made.
     """
     from qwen38build.cache.config import offline_env
 
     path = envlock.pylock_path(loaded.root)
     if not path.is_file():
         return None, None
-    if offline_env():
-        return EnvReport(None, offline=True), None
     try:
         old = envlock.packages_of(path.read_text(encoding="utf-8"), str(path))
         pin = f"{entry.name} {entry.version}"
-        torch = envlock.torch_for(loaded, pin, envlock.pin_requirements(loaded, entry, wheel))
-        locked = envlock.compute(loaded, entry, wheel, torch=torch)
+        reqs = envlock.pin_requirements(loaded, entry, wheel)
+        torch = envlock.torch_for(loaded, pin, reqs)
+        cache = store.root / ENVLOCKS / f"{_relock_key(loaded, entry, reqs, torch)}.json"
+        locked = _cached_lock(cache)
+        cached = locked is not None
+        if locked is None:
+            if offline_env():
+                return EnvReport(None, offline=True), None
+            locked = envlock.compute(loaded, entry, wheel, torch=torch)
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            store.write_json(cache, {"text": locked.text, "inputs": locked.inputs,
+                                     "requirements": locked.requirements})
         new = locked.packages
     except Qwen38BuildError as exc:
         return EnvReport(None, error=str(exc).replace("\n", " ")), None
     was = loaded.recipe.toolchain.torch
-    return EnvReport(envlock.diff(old, new), (was, torch) if torch != was else None), locked
+    return EnvReport(envlock.diff(old, new), (was, torch) if torch != was else None,
+                     cached=cached), locked
+
+
+def _relock_key(loaded: LoadedRecipe, entry: lockmod.LockedWheel, reqs: list[Requirement],
+                torch: str) -> str:
+    """What a lock of the new pin is made from: the lock's inputs (pin, its sha256, Python,
+    platform, torch, CUDA), the requirements, uv's version, and uv's configuration as far
+    as this process names it (its ``UV_*`` variables, the bytes of its config file)."""
+    import importlib.metadata
+    import os
+
+    from platformdirs import user_config_dir
+
+    from qwen38build.digest import sha256_json
+
+    conf = Path(os.environ.get("UV_CONFIG_FILE") or Path(user_config_dir("uv")) / "uv.toml")
+    return sha256_json({
+        "format": 1, "inputs": envlock.inputs(loaded, entry, torch),
+        "requirements": [str(r) for r in reqs], "uv": importlib.metadata.version("uv"),
+        "uv_env": {k: v for k, v in os.environ.items()
+                   if k.startswith("UV_") and k not in ("UV_CACHE_DIR", "UV_OFFLINE")},
+        "uv_config": sha256_file(conf) if conf.is_file() else None,
+    })
+
+
+def _cached_lock(path: Path) -> envlock.Locked | None:
+    """The lock cached at ``path``, or None (absent or not well formed: made again)."""
+    try:
+        data = json.loads(path.read_bytes())
+        locked = envlock.Locked(str(data["text"]), dict(data["inputs"]),
+                                [str(r) for r in data["requirements"]])
+        locked.packages  # noqa: B018 - parses, or raises: a bad cache is made again
+    except (OSError, ValueError, KeyError, TypeError, Qwen38BuildError):
+        return None
+    return locked
 
 
 def repin(loaded: LoadedRecipe, entry: lockmod.LockedWheel, *, torch: str | None = None) -> None:

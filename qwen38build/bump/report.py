@@ -104,6 +104,7 @@ class EnvReport:
     torch: tuple[str, str] | None = None  # recipe [toolchain] torch, old → new
     error: str = ""
     offline: bool = False  # not re-locked: offline, and re-locking asks the index
+    cached: bool = False  # the lock a bump made earlier from the same inputs (the store's)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -112,6 +113,7 @@ class EnvReport:
                                                               "to": self.torch[1]},
             "error": self.error or None,
             "offline": self.offline,
+            "cached": self.cached,
         }
 
     def summary(self) -> str:
@@ -127,7 +129,8 @@ class EnvReport:
             moved += [f"{len(m.added)} added"] if m.added else []
             moved += [f"{len(m.removed)} removed"] if m.removed else []
         return head + (", ".join(moved) or "nothing moved") + (
-            f"; recipe torch {self.torch[0]} → {self.torch[1]}" if self.torch else "")
+            f"; recipe torch {self.torch[0]} → {self.torch[1]}" if self.torch else "") + (
+            " (locked by an earlier bump from the same inputs)" if self.cached else "")
 
     def lines(self) -> list[str]:
         out = ["", f"### Python environment ({lockmod.LOCK_DIR}/{envlock.PYLOCK})", ""]
@@ -137,6 +140,10 @@ class EnvReport:
                     "lock` after the bump, to re-lock it."]
         if self.error:
             return [*out, f"Not re-locked: {self.error}"]
+        if self.cached:
+            out.append("- the lock an earlier bump made from the same inputs (pin, its "
+                       "sha256, Python, platform, torch, CUDA, uv and its configuration), "
+                       "kept in the store; `qwen38build lock` re-locks afresh")
         if self.torch is not None:
             out.append(f"- recipe [toolchain] torch {self.torch[0]} → {self.torch[1]} "
                        "(what the new pin requires)")
