@@ -295,3 +295,73 @@ def test_a_requirement_with_no_wheel_is_not_locked_from_source(
     err = capsys.readouterr().err
     assert "uv failed to lock the Python environment" in err and "onlysource" in err
     assert not envlock.pylock_path(p.root).exists()
+
+
+@pytest.mark.parametrize("how", ["global", "bump", "env"])
+def test_bump_offline_never_touches_the_network_and_says_it_did_not_relock(
+    proj: Project, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    from qwen38build.steps import fetch as fetchstep
+    from tests.engine_fixtures import make_wheel
+
+    locking.relock_env(loaded(proj), Store(proj.store))
+    wheel = make_wheel(proj.wheels, version="0.0.2", requires=PIN_REQUIRES)
+
+    def network(*args: object, **kwargs: object) -> str:
+        raise AssertionError(f"the network was asked for: {args}")
+
+    monkeypatch.setattr(envlock, "uv", network)
+    monkeypatch.setattr(fetchstep, "pip_download", network)
+    if how == "env":
+        monkeypatch.setenv("QWEN38BUILD_OFFLINE", "1")
+
+    def bump_to(version: str) -> list[str]:
+        argv = ["bump", "vllm", version, "--dry-run"]
+        return {"global": ["--offline", *argv], "bump": [*argv, "--offline"], "env": argv}[how]
+
+    assert proj.run(*bump_to("0.0.2")) == 0
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if "re-lock" in line]
+    assert len(said) == 1 and "Not re-locked: offline" in said[0], out
+    # A new wheel in no local store or folder: refused in one line, pip never run.
+    wheel.unlink()
+    assert proj.run(*bump_to("0.0.3")) == 1
+    assert "offline mode forbids fetching it" in capsys.readouterr().err
+
+
+def test_bump_relocks_a_pin_once_then_takes_the_lock_from_the_store(
+    proj: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.engine_fixtures import make_wheel
+
+    locking.relock_env(loaded(proj), Store(proj.store))
+    make_wheel(proj.wheels, version="0.0.2", requires=["torch==2.13.0", "tinydep>=1"])
+    calls: list[str] = []
+    real = envlock.uv
+
+    def counted(args: list[str], *, what: str) -> str:
+        calls.append(what)
+        return real(args, what=what)
+
+    monkeypatch.setattr(envlock, "uv", counted)
+
+    def dry() -> bumpreport.EnvReport:
+        env = bump.bump(loaded(proj), Store(proj.store), "0.0.2", dry_run=True).environment
+        assert env is not None and env.move is not None
+        return env
+
+    first = dry()
+    assert len(calls) == 1 and not first.cached
+    again = dry()
+    assert len(calls) == 1 and again.cached and again.move == first.move
+    assert "locked by an earlier bump from the same inputs" in again.summary()
+    monkeypatch.setenv("QWEN38BUILD_OFFLINE", "1")  # offline, the cached lock serves
+    offline = dry()
+    assert len(calls) == 1 and offline.cached and not offline.offline
+    monkeypatch.delenv("QWEN38BUILD_OFFLINE")
+    monkeypatch.setenv("UV_HTTP_TIMEOUT", "31")  # another uv configuration: another key
+    assert not dry().cached and len(calls) == 2
+    # the real bump writes the cached lock, and it is current for the moved recipe
+    bump.bump(loaded(proj), Store(proj.store), "0.0.2", dry_run=False)
+    assert len(calls) == 2
+    assert envlock.check(loaded(proj)) == envlock.pylock_path(proj.root)

@@ -189,7 +189,8 @@ def test_gc_reports_malformed_roots_and_records_and_never_crashes(
     assert project.run("gc") == 0
     captured = capsys.readouterr()
     assert "bad.json: malformed root" in captured.err and "typed.json" in captured.err
-    assert f"removed {'f' * 64}" in captured.out
+    assert any(line.startswith("removed (no readable record) ") and line.endswith("f" * 64)
+               for line in captured.out.splitlines())
     assert not (store.auto_roots / "dangling").is_symlink()
     assert store.get(build) is not None
 
@@ -269,3 +270,41 @@ def test_gc_in_the_middle_of_another_processs_step_takes_nothing_it_uses(
     assert (result / "manifest.json").is_file()
     assert collect(store).removed == []  # now rooted by roots/ and ./result
     assert project.run("store", "verify") == 0
+
+
+def _disk_bytes(store: Store, digest: str) -> int:
+    folder = store.objects / digest
+    files = [p for p in folder.rglob("*") if p.is_file() or p.is_symlink()]
+    return sum(p.lstat().st_size for p in files) + store.meta_path(digest).stat().st_size
+
+
+def test_gc_names_what_it_removes_with_sizes_and_a_total(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    first = _build(project, capsys)
+    project.patch("knob", "envs.py", ENVS, ENVS.replace("KNOB_9 = 9\n", "KNOB_9 = 99\n"))
+    _build(project, capsys)
+    store = Store(project.store)
+    from qwen38build.engine.step import closure
+
+    plan = {s.digest for s in closure(_plan(project).top)}
+    assert first not in plan  # the first build's patch and wheel are what gc may take
+    # --dry-run says what it would take and removes nothing.
+    assert project.run("gc", "--dry-run") == 0
+    dry = capsys.readouterr().out.splitlines()
+    assert store.lookup(first) is not None
+    record = json.loads(store.meta_path(first).read_text())["derivation"]
+    line = next(x for x in dry if x.endswith(first))
+    assert line.startswith(f"would remove {record['name']} ") and f" {record['kind']} " in line
+    assert dry[-1].startswith("would free ") and dry[-1].endswith(" in 2 entries")
+    # --json: each entry's kind, name and bytes on disk, and their total.
+    sizes = {d: _disk_bytes(store, d) for d in os.listdir(store.objects)
+             if not d.endswith(".json") and d not in plan}
+    assert project.run("gc", "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {e["path"]: e["bytes"] for e in out["removed"]} == sizes
+    assert out["bytes"] == sum(sizes.values()) > 0 and out["dry_run"] is False
+    assert {e["kind"] for e in out["removed"]} == {"patch", "wheel"}
+    assert all(e["name"] for e in out["removed"])
+    assert store.lookup(first) is None
+    assert project.run("gc") == 0
+    assert capsys.readouterr().out == "nothing to remove\n"

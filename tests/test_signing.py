@@ -90,3 +90,25 @@ def test_keygen_into_a_missing_folder_is_one_line(tmp_path: Path,
     assert main(["cache", "keygen", "k", "--dir", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert "cannot write the key" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("xdg", [False, True])
+def test_keygen_writes_into_the_user_config_dir_never_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        xdg: bool) -> None:
+    home, work = tmp_path / "home", tmp_path / "project"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))  # a fresh HOME: no ~/.config yet
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    if xdg:
+        monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(work)
+    assert main(["cache", "keygen", "q38-ci-1"]) == 0
+    where = (tmp_path / "xdg" if xdg else home / ".config") / "qwen38build"
+    secret, public = where / "q38-ci-1.sec", where / "q38-ci-1.pub"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert stat.S_IMODE(where.stat().st_mode) == 0o700
+    assert public.read_text().strip() == str(SecretKey.load(secret).public())
+    assert str(secret) in capsys.readouterr().out
+    assert list(work.iterdir()) == []

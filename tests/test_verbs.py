@@ -195,3 +195,28 @@ def test_reproduce_shows_a_diffoscope_report_of_the_tampered_file(project: Proje
     out = capsys.readouterr().out
     assert "tree/server.py" in out
     assert "-    return 34" in out and "+    return 33" in out  # diffoscope's own text report
+
+
+def test_version_prints_the_version_and_the_digest_of_the_package_source(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import re
+    import shutil
+
+    import qwen38build
+    from qwen38build.cli import main
+    from qwen38build.cli.version import package_digest
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    line = capsys.readouterr().out.strip()
+    shown = re.fullmatch(r"qwen38build (\S+) \(implementation ([0-9a-f]{64})\)", line)
+    assert shown is not None, line
+    assert shown[1] == qwen38build.__version__
+    # The digest is of the source, not of where it lies: a copy elsewhere gives the same one,
+    # and an edit to any module gives another.
+    copy = tmp_path / "qwen38build"
+    shutil.copytree(Path(qwen38build.__file__).parent, copy,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    assert package_digest(str(copy)) == shown[2]
+    (copy / "store" / "gc.py").write_text((copy / "store" / "gc.py").read_text() + "# edit\n")
+    assert package_digest(str(copy)) != shown[2]

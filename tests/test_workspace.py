@@ -128,6 +128,36 @@ def test_fixup_commit_folds_into_its_topic(proj: Project, tmp_path: Path) -> Non
     assert (fresh / "vllm" / "sub" / "b.py").read_text() == b.read_text()
 
 
+def test_export_writes_the_finished_topics_and_names_the_unfinished(
+        proj: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from qwen38build.cli import main
+
+    repo = workspace.create(proj.loaded(), proj.store, tmp_path / "ws")
+    workspace.git(repo, "reset", "-q", "--hard", "HEAD~2")  # beta and gamma not done yet
+    p = repo / "vllm" / "a.py"
+    p.write_text(p.read_text().replace("a line 10 alpha", "a line 10 alpha v2"))
+    workspace.git(repo, "commit", "-q", "-a", "--amend", "--no-edit")
+    before = snapshot(proj.root)
+    argv = ["--recipe", str(proj.root / "recipe.toml"), "--store", str(proj.store_root),
+            "export", str(repo)]
+    assert main([*argv, "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "patches/alpha.patch" in err and snapshot(proj.root) == before
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == "wrote patches/alpha.patch\n"
+    assert "+a line 10 alpha v2" in PatchFile.parse(proj.root / "patches" / "alpha.patch").diff
+    assert "no commit in" in err and "beta, kvarn/gamma" in err
+    assert "fresh" not in err and "throw" not in err
+    after = snapshot(proj.root)
+    assert {k for k in after if after[k] != before[k]} == {"patches/alpha.patch"}
+    assert main([*argv, "--check"]) == 1  # alpha agrees now; the two are still unfinished
+    err = capsys.readouterr().err
+    assert "disagree" not in err and "beta, kvarn/gamma" in err
+    assert main([*argv, "alpha", "--check"]) == 0
+    assert "every patch file matches" in capsys.readouterr().out
+
+
 def test_commit_naming_no_topic_is_an_error_naming_it(proj: Project, tmp_path: Path) -> None:
     repo = workspace.create(proj.loaded(), proj.store, tmp_path / "ws")
     (repo / "vllm" / "a.py").write_text("stray\n")

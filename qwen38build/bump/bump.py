@@ -60,7 +60,7 @@ from qwen38build.bump.report import (
 from qwen38build.bump.trial import try_series
 from qwen38build.digest import sha256_file
 from qwen38build.engine.fetch import locked_wheel, wheel_in_store
-from qwen38build.errors import InputError, LockError, Qwen38BuildError
+from qwen38build.errors import FetchError, InputError, LockError, Qwen38BuildError
 from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.env import source_dirs
 from qwen38build.inputs.recipe import LoadedRecipe
@@ -70,6 +70,10 @@ from qwen38build.series.patchfile import PatchFile
 from qwen38build.store.store import Store
 from qwen38build.workspace import workspace
 from qwen38build.workspace.workspace import PACKAGE
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from packaging.requirements import Requirement
 
 # -- resolving the new wheel -------------------------------------------------------------
 
@@ -97,8 +101,13 @@ def resolve_wheel(
         if p.is_file():
             e = entry(sha256_file(p), p.stat().st_size)
             return e, wheel_in_store(loaded, store, e)
+    from qwen38build.cache.config import offline_env
     from qwen38build.steps.fetch import pip_download
 
+    if offline_env():
+        raise FetchError(
+            f"{filename} is in no local store or sources folder, and offline mode forbids "
+            "fetching it.", hint="run once without --offline, or set QWEN38BUILD_SOURCES")
     with tempfile.TemporaryDirectory(prefix="q38-bump.") as tmp:
         got = pip_download(pin.name, version, python=python, platform=pin.platform_tag,
                            dest=Path(tmp))
@@ -148,6 +157,7 @@ def bump(
         Version(new_version)
     except InvalidVersion:
         raise InputError(f"{new_version!r} is not a PEP 440 version.") from None
+    loaded = _from_lock(loaded)
     old_version = loaded.recipe.vllm.version
     old_wheel = locked_wheel(loaded, store)
     new_entry, new_wheel = resolve_wheel(loaded, store, new_version)
@@ -155,7 +165,7 @@ def bump(
     report = BumpReport(old_version, new_version, new_entry, patches, dry_run)
     reasons = {p.patch: f"{p.outcome} in {new_version}: {p.summary()}"
                for p in patches if p.outcome in RETIRABLE} if retire and not dry_run else {}
-    report.environment, env_lock = relock_environment(loaded, new_entry, new_wheel)
+    report.environment, env_lock = relock_environment(loaded, new_entry, new_wheel, store)
     if rebase is not None:
         topics = {e.row_name: e.topic for e in loaded.series_entries()}
         report.rebase = rebase_workspace(loaded, store, rebase, new_version, new_wheel,
@@ -174,29 +184,97 @@ def bump(
     return report
 
 
+def _from_lock(loaded: LoadedRecipe) -> LoadedRecipe:
+    """``loaded`` with the locked vLLM version as its pin when the recipe's pin was edited
+    by hand (the version moved, the tags did not): the old pin is what the lock holds, so
+    `bump vllm X` after editing the recipe to X moves from there, as the build's hint says."""
+    import dataclasses
+
+    entry = lockmod.read(loaded.root).get(loaded.recipe.vllm.name)
+    if entry is None or not lockmod.moved_pin(loaded, entry):
+        return loaded
+    vllm = loaded.recipe.vllm.model_copy(update={"version": entry.version})
+    return dataclasses.replace(loaded, recipe=loaded.recipe.model_copy(update={"vllm": vllm}))
+
+
+#: The store's folder of environment locks bump made, each named by the key of what it was
+#: locked from (:func:`_relock_key`): a later bump to the same pin takes it, with no uv run.
+ENVLOCKS = "envlocks"
+
+
 def relock_environment(
-    loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path
+    loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path, store: Store
 ) -> tuple[EnvReport | None, envlock.Locked | None]:
     """Lock the environment for the new pin (nothing written) and compare with the current.
 
     A project without an environment lock gets None. When the recipe's torch is excluded
     by the new pin but the pin names one version, the lock takes that one and the report
     says the recipe's torch moves with it. A failure (uv, the network) is reported, not
-    raised: the per-patch report stands on its own.
+    raised: the per-patch report stands on its own. The lock is cached in the store by
+    what it is made from, so a bump to the same pin asks uv once. Offline (``--offline``,
+    ``QWEN38BUILD_OFFLINE=1``) uv is never run, as it would ask the index: without a
+    cached lock the report says the lock was not re-made.
     """
+    from qwen38build.cache.config import offline_env
+
     path = envlock.pylock_path(loaded.root)
     if not path.is_file():
         return None, None
     try:
         old = envlock.packages_of(path.read_text(encoding="utf-8"), str(path))
         pin = f"{entry.name} {entry.version}"
-        torch = envlock.torch_for(loaded, pin, envlock.pin_requirements(loaded, entry, wheel))
-        locked = envlock.compute(loaded, entry, wheel, torch=torch)
+        reqs = envlock.pin_requirements(loaded, entry, wheel)
+        torch = envlock.torch_for(loaded, pin, reqs)
+        cache = store.root / ENVLOCKS / f"{_relock_key(loaded, entry, reqs, torch)}.json"
+        locked = _cached_lock(cache)
+        cached = locked is not None
+        if locked is None:
+            if offline_env():
+                return EnvReport(None, offline=True), None
+            locked = envlock.compute(loaded, entry, wheel, torch=torch)
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            store.write_json(cache, {"text": locked.text, "inputs": locked.inputs,
+                                     "requirements": locked.requirements})
         new = locked.packages
     except Qwen38BuildError as exc:
         return EnvReport(None, error=str(exc).replace("\n", " ")), None
     was = loaded.recipe.toolchain.torch
-    return EnvReport(envlock.diff(old, new), (was, torch) if torch != was else None), locked
+    return EnvReport(envlock.diff(old, new), (was, torch) if torch != was else None,
+                     cached=cached), locked
+
+
+def _relock_key(loaded: LoadedRecipe, entry: lockmod.LockedWheel, reqs: list[Requirement],
+                torch: str) -> str:
+    """What a lock of the new pin is made from: the lock's inputs (pin, its sha256, Python,
+    platform, torch, CUDA), the requirements, uv's version, and uv's configuration as far
+    as this process names it (its ``UV_*`` variables, the bytes of its config file)."""
+    import importlib.metadata
+    import os
+
+    from platformdirs import user_config_dir
+
+    from qwen38build.digest import sha256_json
+
+    conf = Path(os.environ.get("UV_CONFIG_FILE") or Path(user_config_dir("uv")) / "uv.toml")
+    return sha256_json({
+        "format": 1, "inputs": envlock.inputs(loaded, entry, torch),
+        "requirements": [str(r) for r in reqs], "uv": importlib.metadata.version("uv"),
+        "uv_env": {k: v for k, v in os.environ.items()
+                   if k.startswith("UV_") and k not in ("UV_CACHE_DIR", "UV_OFFLINE")},
+        "uv_config": sha256_file(conf) if conf.is_file() else None,
+    })
+
+
+def _cached_lock(path: Path) -> envlock.Locked | None:
+    """The lock cached at ``path``, or None (absent or not well formed: made again)."""
+    try:
+        data = json.loads(path.read_bytes())
+        locked = envlock.Locked(str(data["text"]), dict(data["inputs"]),
+                                [str(r) for r in data["requirements"]])
+        locked.packages  # noqa: B018 - parses, or raises: a bad cache is made again
+    except (OSError, ValueError, KeyError, TypeError, Qwen38BuildError):
+        return None
+    return locked
 
 
 def repin(loaded: LoadedRecipe, entry: lockmod.LockedWheel, *, torch: str | None = None) -> None:
@@ -238,6 +316,7 @@ def rebase_workspace(
     if not repo.exists() or not any(repo.iterdir()):
         workspace.create(loaded, store, repo)
     git = workspace.git
+    workspace.local_identity(repo, keep=True)  # a workspace made before it was written
     old_tag = workspace.pin_tag(loaded.recipe.vllm.version)
     new_tag = workspace.pin_tag(new_version)
     branch = f"{workspace.BRANCH}-{new_version}"

@@ -103,6 +103,8 @@ class EnvReport:
     move: envlock.EnvMove | None
     torch: tuple[str, str] | None = None  # recipe [toolchain] torch, old → new
     error: str = ""
+    offline: bool = False  # not re-locked: offline, and re-locking asks the index
+    cached: bool = False  # the lock a bump made earlier from the same inputs (the store's)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -110,12 +112,38 @@ class EnvReport:
             "recipe_torch": None if self.torch is None else {"from": self.torch[0],
                                                               "to": self.torch[1]},
             "error": self.error or None,
+            "offline": self.offline,
+            "cached": self.cached,
         }
+
+    def summary(self) -> str:
+        """One line: what moved, or why the lock was not re-made."""
+        head = f"Python environment ({lockmod.LOCK_DIR}/{envlock.PYLOCK}): "
+        if self.offline or self.error:
+            return head + self.lines()[-1]
+        m = self.move
+        moved = [] if m is None else [f"{n} {a} → {b}" for n, a, b in m.changed[:2]]
+        if m is not None:
+            rest = len(m.changed) - len(moved)
+            moved += [f"{rest} more changed"] if rest else []
+            moved += [f"{len(m.added)} added"] if m.added else []
+            moved += [f"{len(m.removed)} removed"] if m.removed else []
+        return head + (", ".join(moved) or "nothing moved") + (
+            f"; recipe torch {self.torch[0]} → {self.torch[1]}" if self.torch else "") + (
+            " (locked by an earlier bump from the same inputs)" if self.cached else "")
 
     def lines(self) -> list[str]:
         out = ["", f"### Python environment ({lockmod.LOCK_DIR}/{envlock.PYLOCK})", ""]
+        if self.offline:
+            return [*out, "Not re-locked: offline (--offline or QWEN38BUILD_OFFLINE=1), and "
+                    "re-locking asks the index; bump again online, or run `qwen38build "
+                    "lock` after the bump, to re-lock it."]
         if self.error:
             return [*out, f"Not re-locked: {self.error}"]
+        if self.cached:
+            out.append("- the lock an earlier bump made from the same inputs (pin, its "
+                       "sha256, Python, platform, torch, CUDA, uv and its configuration), "
+                       "kept in the store; `qwen38build lock` re-locks afresh")
         if self.torch is not None:
             out.append(f"- recipe [toolchain] torch {self.torch[0]} → {self.torch[1]} "
                        "(what the new pin requires)")
@@ -155,21 +183,36 @@ class BumpReport:
             "environment": None if self.environment is None else self.environment.to_json(),
         }
 
-    def to_markdown(self) -> str:
-        counts: dict[str, int] = {}
+    def counts(self) -> dict[str, int]:
+        found: dict[str, int] = {}
         for p in self.patches:
-            counts[p.outcome] = counts.get(p.outcome, 0) + 1
-        out = [
-            f"vllm {self.old_version} → {self.new_version}: "
-            + ", ".join(f"{n} {k}" for k, n in counts.items())
-            + ("" if not self.dry_run else " (dry run: recipe and lock untouched)"),
-            "",
-            "| # | patch | outcome | detail |",
-            "|---|---|---|---|",
-        ]
+            found[p.outcome] = found.get(p.outcome, 0) + 1
+        return found
+
+    def headline(self) -> str:
+        return (f"vllm {self.old_version} → {self.new_version}: "
+                + ", ".join(f"{n} {k}" for k, n in self.counts().items())
+                + ("" if not self.dry_run else " (dry run: recipe and lock untouched)"))
+
+    def upstream_refs(self) -> dict[str, str]:
+        """Each distinct upstream diff once, named U1, U2, ... in order of first use."""
+        refs: dict[str, str] = {}
+        for p in self.patches:
+            for h in p.failures:
+                if h.upstream_diff and h.upstream_diff not in refs:
+                    refs[h.upstream_diff] = f"U{len(refs) + 1}"
+        return refs
+
+    def to_markdown(self) -> str:
+        """The whole report: the table with what to do next, each failing hunk, and each
+        upstream diff once (linked from the hunks that need it)."""
+        refs = self.upstream_refs()
+        out = [self.headline(), "", "| # | patch | outcome | detail | next |",
+               "|---|---|---|---|---|"]
         for i, p in enumerate(self.patches, 1):
             detail = p.summary().replace("|", "\\|")
-            out.append(f"| {i} | {p.patch} | {p.outcome} | {detail} |")
+            step = next_step(p, refs).replace("|", "\\|")
+            out.append(f"| {i} | {p.patch} | {p.outcome} | {detail} | {step} |")
         for p in self.patches:
             shown = [h for h in p.failures
                      if p.outcome in ("conflict", "depends-on-failed", "likely-upstreamed")]
@@ -184,8 +227,48 @@ class BumpReport:
                 if h.side_by_side:
                     out += ["", f"similarity {h.similarity:.2f} (threshold "
                             f"{upstreamed.THRESHOLD}):", "", "```", h.side_by_side, "```"]
-                elif h.upstream_diff:
-                    out += ["", "```diff", h.upstream_diff.rstrip("\n"), "```"]
+                if h.upstream_diff:
+                    ref = refs[h.upstream_diff]
+                    out += ["", f"upstream's change here: [{ref}](#{ref.lower()})"]
+        out += self._closing()
+        if self.environment is not None:
+            out += self.environment.lines()
+        if refs:
+            out += ["", "## Upstream diffs (old pin → new pin, around the failing hunks)"]
+            for diff, ref in refs.items():
+                first = diff.split("\n", 1)[0].removeprefix("--- a/").removeprefix("--- ")
+                out += ["", f'<a id="{ref.lower()}"></a>', "", f"### {ref}: {first}", "",
+                        "```diff", diff.rstrip("\n"), "```"]
+        return "\n".join(out) + "\n"
+
+    def to_screen(self, report_path: str | None = None) -> str:
+        """What a terminal shows: the counts per outcome with what each asks, one line per
+        patch of what to do next, and where the whole report (every diff) is."""
+        refs = self.upstream_refs()
+        counts = self.counts()
+        out = [self.headline(), "", f"{'outcome':<18} {'patches':>7}  what to do"]
+        out += [f"{k:<18} {n:>7}  {NEXT[k]}" for k, n in counts.items()]
+        if any(p.failures for p in self.patches):
+            out += ["", "(#H@L: the file's hunk H, at line L of the patch file; (U1): the "
+                    "upstream diff U1 in the report)"]
+        out.append("")
+        width = max((len(p.patch) for p in self.patches), default=0)
+        owidth = max((len(p.outcome) for p in self.patches), default=0)
+        for i, p in enumerate(self.patches, 1):
+            out.append(f"{i:>3} {p.patch:<{width}}  {p.outcome:<{owidth}}  "
+                       f"{next_step(p, refs)}")
+        if self.environment is not None:
+            out += ["", self.environment.summary()]
+        out += self._closing()
+        if report_path is not None:
+            lines = self.to_markdown().count("\n")
+            out += ["", f"Full report ({lines} lines: every failing hunk, each upstream diff "
+                    f"once): {report_path}"]
+        return "\n".join(out) + "\n"
+
+    def _closing(self) -> list[str]:
+        """Retirement, the workspace's carry, and the next command."""
+        out: list[str] = []
         retire = [p.patch for p in self.patches if p.outcome in RETIRABLE]
         if self.retired:
             out += ["", f"Retired: {', '.join(self.retired)} (series.retired, files deleted, "
@@ -195,13 +278,12 @@ class BumpReport:
                     f"{self.new_version} --retire` (with `--rebase DIR` to carry the "
                     "workspace) moves them to series.retired, deletes their files and keeps "
                     "their prose in PATCHES.md's retired section."]
-        if self.environment is not None:
-            out += self.environment.lines()
         if self.rebase is not None:
             r = self.rebase
             out.append("")
             if r.ok:
-                out.append(f"Workspace {r.repo}: branch {r.branch} carries every topic.")
+                out.append(f"Workspace {r.repo}: branch {r.branch} carries every topic; "
+                           f"`qwen38build export {r.repo}` writes the patch files.")
             else:
                 out.append(
                     f"Workspace {r.repo}: branch {r.branch} stopped at topic {r.stopped_at}, "
@@ -212,4 +294,57 @@ class BumpReport:
                 out.append(f"Empty after the carry (upstream has them): {', '.join(r.empty)}.")
             if r.skipped:
                 out.append(f"Not carried (retired): {', '.join(r.skipped)}.")
-        return "\n".join(out) + "\n"
+        elif not self.ok:
+            out += ["", f"Next: `qwen38build bump vllm {self.new_version} --rebase DIR` "
+                    "carries the series as commits onto the new pin in a git workspace, "
+                    "stopping at each conflict to resolve; then `qwen38build export DIR`."]
+        elif self.dry_run:
+            out += ["", f"Next: `qwen38build bump vllm {self.new_version}` moves the pin "
+                    "(every patch applies)."]
+        return out
+
+
+#: What each outcome asks of the maintainer, for the summary table.
+NEXT: dict[str, str] = {
+    "clean": "nothing",
+    "offset": "re-cut at the new offsets (export from a carried workspace)",
+    "conflict": "rebase the hunks named, against upstream's change",
+    "upstreamed": "retire: it reverse-applies to the new pin",
+    "likely-upstreamed": "retire, with the evidence shown (check it first)",
+    "deleted": "carry the hunks to where the file went",
+    "depends-on-failed": "fix the patch it stands on first, then rebase it",
+}
+
+
+def next_step(p: PatchReport, refs: dict[str, str], most: int = 2) -> str:
+    """One line: what to do next about ``p`` (refs name the upstream diffs); at most
+    ``most`` places are named, the rest counted (the report names them all)."""
+    def places(items: list[str]) -> str:
+        more = len(items) - most
+        return ", ".join(items[:most]) + (f", {more} more files in the report" if more > 0 else "")
+
+    if p.outcome == "clean":
+        return "nothing"
+    if p.outcome == "offset":
+        by_file: dict[str, list[str]] = {}
+        for o in p.offsets:
+            by_file.setdefault(o.file, []).append(f"#{o.hunk} {o.offset:+d}")
+        return "re-cut at offset: " + places([f"{f} {' '.join(h)}" for f, h in by_file.items()])
+    if p.outcome == "upstreamed":
+        return "retire (`--retire`): it reverse-applies to the new pin"
+    if p.outcome == "likely-upstreamed":
+        return "retire with evidence (`--retire`): " + p.summary().removesuffix(
+            ": retire candidate")
+    if p.outcome == "deleted":
+        return "carry its hunks: " + p.summary()
+    if p.outcome == "depends-on-failed":
+        return f"fix {', '.join(p.depends_on)} first, then rebase it on that"
+    files: dict[str, tuple[list[str], list[str]]] = {}
+    for h in p.failures:
+        hunks, used = files.setdefault(h.file, ([], []))
+        hunks.append(f"#{h.hunk}@{h.patch_line}")
+        if h.upstream_diff in refs and refs[h.upstream_diff] not in used:
+            used.append(refs[h.upstream_diff])
+    return ("rebase this hunk: " if len(p.failures) == 1 else "rebase these hunks: ") + places(
+        [f"{f} {' '.join(hunks[:4])}" + (f" +{len(hunks) - 4}" if len(hunks) > 4 else "")
+         + (f" ({' '.join(used[:3])})" if used else "") for f, (hunks, used) in files.items()])

@@ -67,7 +67,13 @@ def cmd_cache_keygen(args: argparse.Namespace) -> int:
     from qwen38build.cache.signing import SecretKey, write_key_pair
 
     key = SecretKey.generate(args.name)
-    out = Path(args.dir)
+    if args.dir is not None:
+        out = Path(args.dir)
+    else:  # the user's config dir, private; never the working directory (often a project)
+        from platformdirs import user_config_dir
+
+        out = Path(user_config_dir("qwen38build"))
+        out.mkdir(mode=0o700, parents=True, exist_ok=True)
     secret, public = out / f"{args.name}.sec", out / f"{args.name}.pub"
     write_key_pair(key, secret, public)
     print(f"secret key {secret} (keep it private; push --key {secret})\n"

@@ -117,6 +117,13 @@ def _export(p: Any) -> None:
                    "disagree; write nothing")
 
 
+def _suppress() -> str:
+    """argparse's SUPPRESS: a sub-command's copy of a global flag must not reset it."""
+    import argparse
+
+    return argparse.SUPPRESS
+
+
 def _bump(p: Any) -> None:
     p.add_argument("package", help="what to bump (vllm)")
     p.add_argument("version", help="the new version, e.g. 0.33.0")
@@ -124,6 +131,12 @@ def _bump(p: Any) -> None:
     p.add_argument("--rebase", metavar="DIR", help="carry the workspace onto the new pin")
     p.add_argument("--retire", action="store_true", help="retire the (likely) upstreamed "
                    "patches: series.retired, files deleted, prose kept in PATCHES.md")
+    p.add_argument("--report", metavar="FILE", help="where to write the whole report "
+                   "(Markdown; default: ~/.cache/qwen38build/reports/bump-OLD-NEW.md)")
+    p.add_argument("--offline", action="store_true", default=_suppress(),
+                   help="never touch the network: the new wheel must be in the store or "
+                   "$QWEN38BUILD_SOURCES, and the environment is not re-locked (also "
+                   "QWEN38BUILD_OFFLINE=1; same as the global --offline)")
 
 
 def _kernels(p: Any) -> None:
@@ -149,7 +162,8 @@ def _push(p: Any) -> None:
 
 def _keygen(p: Any) -> None:
     p.add_argument("name", help="the key's name, e.g. q38-ci-1 (signatures carry it)")
-    p.add_argument("--dir", default=".", help="where to write the two files (default: .)")
+    p.add_argument("--dir", help="where to write the two files (default: the user config "
+                   "dir, ~/.config/qwen38build or $XDG_CONFIG_HOME/qwen38build)")
 
 
 def _table(p: Any) -> None:
@@ -187,7 +201,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("ci", "continuous-integration helpers", None, sub=(
         Command("matrix", "GitHub Actions matrix, one entry per CUDA arch",
                 "inspect:cmd_ci_matrix"),)),
-    Command("gc", "remove store entries no root reaches", "store:cmd_gc", _gc),
+    Command("gc", "remove store entries no root reaches; say what, and the bytes freed",
+            "store:cmd_gc", _gc, json=True),
     Command("store", "store maintenance", None, sub=(
         Command("verify", "re-hash every entry; name any that changed",
                 "store:cmd_store_verify", json=True),)),
@@ -247,8 +262,24 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
             raise UsageError(f"command line: {message}.",
                              hint=f"run `{self.prog} --help` for the usage")
 
+    class Version(argparse.Action):
+        """``--version``: computed only when asked (it hashes the package's source)."""
+
+        def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+            super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                             nargs=0, help=kwargs.get("help"))
+
+        def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                     values: Any, option_string: str | None = None) -> None:
+            from qwen38build.cli.version import version_line
+
+            print(version_line())
+            parser.exit(0)
+
     p = Parser(prog="qwen38build", description=DESCRIPTION,
                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action=Version, help="print the version and the "
+                   "implementation digest (sha256 of the package's source) and exit")
     p.add_argument("--recipe", default="recipe.toml", help="the recipe (default: ./recipe.toml)")
     p.add_argument("--store", help="store directory (default: $QWEN38BUILD_STORE or the user "
                    "cache dir)")
@@ -269,4 +300,6 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
 def parse(argv: list[str]) -> argparse.Namespace:
     """``argv`` parsed, building only the sub-parser of the command it names."""
     command = command_of(argv)
+    if command is None and "--version" in argv:
+        return parser("--version").parse_args(argv)  # no sub-parser needed to answer it
     return parser(command if command in NAMES else None).parse_args(argv)

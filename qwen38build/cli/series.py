@@ -19,6 +19,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
 
+    from qwen38build.bump.report import BumpReport
+
 
 def cmd_workspace_create(args: argparse.Namespace) -> int:
     from qwen38build.workspace.workspace import create
@@ -32,11 +34,12 @@ def cmd_workspace_create(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from qwen38build.workspace.workspace import export
+    from qwen38build.workspace.workspace import export_topics
 
     loaded = stages.load_recipe(args)
     dest = Path(args.dir) if args.dir else loaded.root / "workspace"
-    files = export(loaded, dest, args.topics or None, check=args.check)
+    done = export_topics(loaded, dest, args.topics or None, check=args.check)
+    files, unfinished = done.changed, done.unfinished
     if args.check:
         if files:
             raise CheckFailed(
@@ -44,9 +47,19 @@ def cmd_export(args: argparse.Namespace) -> int:
                 + ", ".join(str(f.relative_to(loaded.root)) for f in files) + ".",
                 hint=f"run `qwen38build export {dest}` to regenerate them",
             )
-        print("every patch file matches its workspace commit")
-        return ExitCode.OK
-    print("\n".join(f"wrote {f.relative_to(loaded.root)}" for f in files) or "nothing changed")
+        if not unfinished:
+            print("every patch file matches its workspace commit")
+            return ExitCode.OK
+    else:
+        print("\n".join(f"wrote {f.relative_to(loaded.root)}" for f in files)
+              or "nothing changed")
+    if unfinished:
+        raise CheckFailed(
+            f"not exported, no commit in {dest} yet: {', '.join(unfinished)} (every other "
+            "topic was " + ("checked" if args.check else "exported") + ").",
+            hint="finish them in the workspace (after a stopped carry: resolve, `git add`, "
+            "`git cherry-pick --continue`; else commit '[qwen38] TOPIC'), then export again",
+        )
     return ExitCode.OK
 
 
@@ -61,11 +74,27 @@ def cmd_bump(args: argparse.Namespace) -> int:
     stages.check_patch_files(loaded)
     report = bump(loaded, stages.open_store(args), args.version, dry_run=args.dry_run,
                   rebase=Path(args.rebase) if args.rebase else None, retire=args.retire)
-    stages.emit(args, report.to_json(), report.to_markdown())
+    if args.json:
+        stages.emit(args, report.to_json(), "")
+    else:  # a screen per class of patch; the whole report, every diff once, to a file
+        from qwen38build.files import atomic_write
+
+        path = Path(args.report) if args.report else _report_path(report)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, report.to_markdown().encode("utf-8"))
+        print(report.to_screen(str(path)), end="")
     if not report.ok or (report.rebase is not None and not report.rebase.ok):
         raise CheckFailed(f"moving vllm to {args.version}: some patches do not carry over "
                           "(the report above names each, and what to do next).")
     return ExitCode.OK
+
+
+def _report_path(report: BumpReport) -> Path:
+    """``bump-OLD-NEW.md`` in the user cache dir (``~/.cache/qwen38build/reports``)."""
+    from platformdirs import user_cache_dir
+
+    name = f"bump-{report.old_version}-{report.new_version}.md"
+    return Path(user_cache_dir("qwen38build")) / "reports" / name
 
 
 def cmd_lint(args: argparse.Namespace) -> int:

@@ -184,8 +184,24 @@ def locked_vllm(loaded: LoadedRecipe, locked: dict[str, LockedWheel]) -> LockedW
         abi_tag=pin.abi_tag, platform_tag=pin.platform_tag,
     )
     if why is not None or entry is None:
+        hint = "run `qwen38build lock` to re-pin"
+        if entry is not None and moved_pin(loaded, entry):
+            # The pin was edited by hand: moving it is bump's job (it tries every patch on
+            # the new pin, re-locks, and says what to do next), not a bare re-lock.
+            hint = (f"run `qwen38build bump vllm {pin.version}` to move the pin from "
+                    f"{entry.version} (add --dry-run to see first what it means for each "
+                    "patch)")
         raise LockError(
             f"{lock_path(loaded.root)}: the lock does not match {loaded.path.name}: {why}.",
-            hint="run `qwen38build lock` to re-pin",
+            hint=hint,
         )
     return entry
+
+
+def moved_pin(loaded: LoadedRecipe, entry: LockedWheel) -> bool:
+    """True when the recipe's vLLM pin differs from the locked ``entry`` in its version
+    alone (its tags agree): the pin was edited, and the lock still holds the old one."""
+    pin = loaded.recipe.vllm
+    return entry.version != pin.version and (
+        entry.python_tag, entry.abi_tag, entry.platform_tag
+    ) == (pin.python_tag, pin.abi_tag, pin.platform_tag)

@@ -25,11 +25,29 @@ from qwen38build.store.record import roots
 from qwen38build.store.store import Store
 
 
+@dataclass(frozen=True)
+class Freed:
+    """One thing gc removed (or, dry, would remove): what it was and its bytes on disk."""
+
+    path: str  # a digest, or a tmp/ folder's name
+    kind: str  # the step's kind; "" for an entry with no readable record, "tmp" for tmp/
+    name: str  # the step's derivation name; "" when unknown
+    size: int
+
+    def as_json(self) -> dict[str, object]:
+        return {"path": self.path, "kind": self.kind, "name": self.name, "bytes": self.size}
+
+
 @dataclass
 class Report:
     removed: list[str] = field(default_factory=list)
     tmp_removed: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    freed: list[Freed] = field(default_factory=list)  # removed and tmp_removed, described
+
+    @property
+    def total(self) -> int:
+        return sum(f.size for f in self.freed)
 
 
 def _rooted_builds(store: Store, report: Report, *, prune: bool) -> set[str]:
@@ -113,15 +131,22 @@ def collect(store: Store, *, dry_run: bool = False) -> Report:
             tops |= _rooted_builds(store, report, prune=not dry_run)
             live = _closure(store, tops, report)
             report.removed = sorted(_stored(store) - live)
+            described = {d: _describe(store, d) for d in report.removed}
             if dry_run:
+                report.freed = list(described.values())
                 return report
+            gone: list[str] = []
             for digest in report.removed:
                 try:
                     trash += _unlink_entry(store, session, digest)
+                    gone.append(digest)
                 except OSError as exc:
                     report.problems.append(f"{store.objects / digest}: not removed ({exc})")
+            report.removed = gone
+            report.freed = [described[d] for d in gone]
             dead = temproots.dead_tmp(store.root, store.tmp)
         for p in trash + dead:
+            size = _bytes(p) if p in dead else 0
             try:
                 remove_tree(p)
             except OSError as exc:
@@ -129,8 +154,34 @@ def collect(store: Store, *, dry_run: bool = False) -> Report:
                 continue
             if p in dead:
                 report.tmp_removed.append(p.name)
+                report.freed.append(Freed(p.name, "tmp", "", size))
         temproots.drop_stale_locks(store.locks)
     return report
+
+
+def _bytes(path: Path) -> int:
+    """Bytes of the files under ``path``, links not followed (a link counts as itself)."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        try:
+            return os.lstat(path).st_size
+        except OSError:
+            return 0
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def _describe(store: Store, digest: str) -> Freed:
+    """What ``digest`` is (its record's kind and name, when readable) and its bytes."""
+    kind = name = ""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+        drv = json.loads(store.meta_path(digest).read_bytes())["derivation"]
+        kind, name = str(drv.get("kind", "")), str(drv.get("name", ""))
+    size = _bytes(store.objects / digest) + _bytes(store.meta_path(digest))
+    return Freed(digest, kind, name, size)
 
 
 def _unlink_entry(store: Store, session: temproots.Session, digest: str) -> list[Path]:

@@ -93,6 +93,16 @@ def git_env(*, identity: bool = True, **declared: str) -> dict[str, str]:
     })
 
 
+def local_identity(repo: Path, *, keep: bool = False) -> None:
+    """Write the workspace's identity into its own ``.git/config``, so that the user's git
+    (``git cherry-pick --continue``, ``git commit``) works with any HOME, one with no
+    identity included. With ``keep``, an identity the repository already has stays."""
+    for key, env in (("user.name", "GIT_COMMITTER_NAME"), ("user.email", "GIT_COMMITTER_EMAIL")):
+        if keep and git(repo, "config", "--local", "--get", key, check=False).strip():
+            continue
+        git(repo, "config", "--local", key, IDENTITY[env])
+
+
 def git(repo: Path, *args: str, stdin: str | None = None, check: bool = True,
         env: dict[str, str] | None = None) -> str:
     """Run git in ``repo``; a failure is a Qwen38BuildError quoting git's own words."""
@@ -186,6 +196,7 @@ def create(loaded: LoadedRecipe, store: Store, dest: Path) -> Path:
     wheel = locked_wheel(loaded, store)
     git(dest, "init", "-q", "-b", BRANCH)
     git(dest, "config", "core.autocrlf", "false")
+    local_identity(dest)
     git(dest, "config", "core.looseCompression", "1")  # speed over size: a scratch repo
     extract_package(wheel, dest / PACKAGE, touched_by_series(entries))
     git(dest, "add", "-A", "--", PACKAGE)
@@ -360,14 +371,30 @@ def _same_but_marker(old: str, new: str) -> bool:
     return strip(old) == strip(new)
 
 
+@dataclass(frozen=True)
+class Exported:
+    """The files written (with ``check``: that disagree), and the topics with no commit yet
+    (a carry stopped at a conflict, a topic not committed), in series order."""
+
+    changed: list[Path]
+    unfinished: list[str]
+
+
 def export(
     loaded: LoadedRecipe, dest: Path, topics: Sequence[str] | None = None, check: bool = False
 ) -> list[Path]:
-    """Write the patch files of workspace ``dest``; return the files written.
+    """:func:`export_topics`, the files written (or, with ``check``, disagreeing) alone."""
+    return export_topics(loaded, dest, topics, check).changed
+
+
+def export_topics(
+    loaded: LoadedRecipe, dest: Path, topics: Sequence[str] | None = None, check: bool = False
+) -> Exported:
+    """Write the patch files of workspace ``dest``'s finished topics; name the others.
 
     ``topics`` limits it to those topics (topic or row names). With ``check`` nothing is
-    written and the files that disagree with the workspace are returned. Every series
-    topic must have its commit, in series order (InputError otherwise).
+    written and the files that disagree are returned. A topic with no commit is named as
+    unfinished, its file left as it is. Commits must be in series order (else InputError).
     """
     repo = dest.resolve()
     if not (repo / ".git").exists():
@@ -379,19 +406,14 @@ def export(
     found = topics_of(loaded, repo)
     order = [e.row_name for e in loaded.series_entries()]
     have = [t.entry.row_name for t in found]
-    missing = [r for r in order if r not in have]
-    if missing:
-        raise InputError(
-            f"{repo}: the workspace has no commit for {', '.join(missing)}.",
-            hint="create a fresh workspace, or commit those topics",
-        )
-    if have != order:
+    if have != [r for r in order if r in have]:
         raise InputError(
             f"{repo}: the workspace's topics are in another order than the series in "
             f"{loaded.path.name}: {', '.join(have)}.",
             hint="reorder the commits (git rebase -i) or the recipe's series",
         )
-    wanted = _select(found, topics, repo)
+    missing = [e for e in loaded.series_entries() if e.row_name not in have]
+    wanted = _select(found, topics, repo, missing)
     base_sha = git(repo, "rev-parse", f"{pin_tag(pin)}^{{commit}}").strip()
     trees = topic_trees(repo, found, read_commits(repo, base_sha + "^!")[-1])
     changed: list[Path] = []
@@ -409,14 +431,16 @@ def export(
             from qwen38build.files import atomic_write
 
             atomic_write(path, new.encode("utf-8"))
-    return changed
+    return Exported(changed, [e.row_name for e in missing if e.row_name in wanted])
 
 
-def _select(found: list[Topic], topics: Sequence[str] | None, repo: Path) -> set[str]:
+def _select(found: list[Topic], topics: Sequence[str] | None, repo: Path,
+            missing: Sequence[SeriesEntry] = ()) -> set[str]:
+    entries = [*(t.entry for t in found), *missing]
     if not topics:
-        return {t.entry.row_name for t in found}
-    names = {t.entry.row_name: t.entry.row_name for t in found}
-    names.update({t.entry.topic: t.entry.row_name for t in found})
+        return {e.row_name for e in entries}
+    names = {e.row_name: e.row_name for e in entries}
+    names.update({e.topic: e.row_name for e in entries})
     unknown = [t for t in topics if t not in names]
     if unknown:
         raise InputError(
