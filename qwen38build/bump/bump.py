@@ -269,7 +269,8 @@ def _cached_lock(path: Path) -> envlock.Locked | None:
     """The lock cached at ``path``, or None (absent or not well formed: made again)."""
     try:
         data = json.loads(path.read_bytes())
-        locked = envlock.Locked(str(data["text"]), dict(data["inputs"]),
+        inputs: envlock.LockInputs = data["inputs"]  # the cache's own file, written by save
+        locked = envlock.Locked(str(data["text"]), inputs,
                                 [str(r) for r in data["requirements"]])
         locked.packages  # noqa: B018 - parses, or raises: a bad cache is made again
     except (OSError, ValueError, KeyError, TypeError, Qwen38BuildError):
