@@ -364,36 +364,76 @@ def hard_problems(loaded: LoadedRecipe, *, missing_ok: bool = False) -> list[str
     return path_problems(loaded) + entry_problems(loaded, missing_ok=missing_ok)
 
 
-def _series_problems(loaded: LoadedRecipe) -> list[str]:
+@dataclass(frozen=True)
+class SeriesProblem:
+    """One way the series and its folders disagree: the one rule that both ``load`` (a
+    RecipeError) and the lint's series rule (a finding with its line) apply, each in its
+    own words. ``what``: ``group-twice``, ``no-folder``, ``topic-twice``, ``retired-listed``,
+    ``no-file`` (a listed patch with no file), ``unlisted`` or ``retired-file`` (a file the
+    series does not list)."""
+
+    what: str
+    group: int
+    dir: str
+    name: str = ""
+    index: int = -1  # the entry's index in its group's patches (listed problems)
+    also_dir: str = ""  # topic-twice: where the topic first stood
+    also_index: tuple[int, int] = (-1, -1)
+
+
+def series_problems(loaded: LoadedRecipe) -> list[SeriesProblem]:
+    """Every disagreement of the series with its folders, in recipe order."""
     recipe, root = loaded.recipe, loaded.root
-    problems: list[str] = []
-    seen_groups: set[str] = set()
-    seen_topics: dict[str, str] = {}
     retired = set(recipe.series.retired)
+    out: list[SeriesProblem] = []
+    seen: dict[str, tuple[str, int, int]] = {}
+    dirs_seen: set[str] = set()
     for gi, group in enumerate(recipe.series.groups):
-        where = f"series.groups.{gi}"
-        if group.dir in seen_groups:
-            problems.append(f"{where}.dir: group {group.dir!r} is listed twice")
-        seen_groups.add(group.dir)
+        if group.dir in dirs_seen:
+            out.append(SeriesProblem("group-twice", gi, group.dir))
+            continue
+        dirs_seen.add(group.dir)
         folder = root / group.dir
         if not folder.is_dir():
-            problems.append(f"{where}.dir: folder {group.dir}/ does not exist")
+            out.append(SeriesProblem("no-folder", gi, group.dir))
             continue
         on_disk = {p.name for p in folder.glob("*.patch")}
         for pi, name in enumerate(group.patches):
-            loc = f"{where}.patches.{pi}"
-            topic = name[: -len(".patch")]
-            if topic in seen_topics:
-                problems.append(f"{loc}: {name} is listed twice (also {seen_topics[topic]})")
-            seen_topics[topic] = loc
+            topic = name.removesuffix(".patch")
+            if topic in seen:
+                first_dir, fg, fp = seen[topic]
+                out.append(SeriesProblem("topic-twice", gi, group.dir, name, pi, first_dir,
+                                         (fg, fp)))
+            seen.setdefault(topic, (group.dir, gi, pi))
             if topic in retired:
-                problems.append(
-                    f"{loc}: {name} is a retired topic (series.retired); "
-                    "remove the entry and the file"
-                )
+                out.append(SeriesProblem("retired-listed", gi, group.dir, name, pi))
+            if name not in on_disk:
+                out.append(SeriesProblem("no-file", gi, group.dir, name, pi))
         for name in sorted(on_disk - set(group.patches)):
-            problems.append(
-                f"{where}.patches: {group.dir}/{name} is in the folder but not in the series; "
-                "list it or delete it"
-            )
+            what = "retired-file" if name.removesuffix(".patch") in retired else "unlisted"
+            out.append(SeriesProblem(what, gi, group.dir, name))
+    return out
+
+
+def _series_problems(loaded: LoadedRecipe) -> list[str]:
+    """The series rule as a recipe error's lines, by TOML key path (a listed patch with no
+    file is entry_problems' to say)."""
+    problems: list[str] = []
+    for p in series_problems(loaded):
+        where = f"series.groups.{p.group}"
+        loc = f"{where}.patches.{p.index}"
+        if p.what == "group-twice":
+            problems.append(f"{where}.dir: group {p.dir!r} is listed twice")
+        elif p.what == "no-folder":
+            problems.append(f"{where}.dir: folder {p.dir}/ does not exist")
+        elif p.what == "topic-twice":
+            fg, fp = p.also_index
+            problems.append(f"{loc}: {p.name} is listed twice (also "
+                            f"series.groups.{fg}.patches.{fp})")
+        elif p.what == "retired-listed":
+            problems.append(f"{loc}: {p.name} is a retired topic (series.retired); "
+                            "remove the entry and the file")
+        elif p.what in ("unlisted", "retired-file"):
+            problems.append(f"{where}.patches: {p.dir}/{p.name} is in the folder but not in "
+                            "the series; list it or delete it")
     return problems

@@ -159,77 +159,50 @@ def load_for_lint(path: Path) -> LoadedRecipe:
 
 
 def _series(ctx: Context) -> Iterator[Finding]:
-    series = ctx.recipe.series
-    retired = set(series.retired)
+    """The series rule (``recipe.series_problems``), each problem at its line."""
     recipe_path = ctx.loaded.path
-    seen: dict[str, str] = {}
-    dirs_seen: set[str] = set()
-    for group in series.groups:
-        dir_line = next(
-            (
-                no for no, text in enumerate(ctx.recipe_lines, start=1)
-                if text.strip().startswith("dir") and f'"{group.dir}"' in text
-            ),
-            1,
-        )
-        if group.dir in dirs_seen:
+
+    def dir_line(folder: str) -> int:
+        return next((no for no, text in enumerate(ctx.recipe_lines, start=1)
+                     if text.strip().startswith("dir") and f'"{folder}"' in text), 1)
+
+    for p in recipe_mod.series_problems(ctx.loaded):
+        at = dir_line(p.dir)
+        line = ctx.recipe_line(f'"{p.name}"', at) if p.name else at
+        file, name = ctx.root / p.dir / p.name, f"{p.dir}/{p.name}"
+        if p.what == "group-twice":
+            yield ctx.finding(recipe_path, at, "series",
+                              f"group {p.dir}/ is listed twice in series.groups.",
+                              "merge the two groups into one [[series.groups]] table")
+        elif p.what == "no-folder":
+            yield ctx.finding(recipe_path, at, "series",
+                              f"group folder {p.dir}/ does not exist.",
+                              f"create {p.dir}/ or remove the group from series.groups")
+        elif p.what == "topic-twice":
             yield ctx.finding(
-                recipe_path, dir_line, "series",
-                f"group {group.dir}/ is listed twice in series.groups.",
-                "merge the two groups into one [[series.groups]] table",
-            )
-            continue
-        dirs_seen.add(group.dir)
-        folder = ctx.root / group.dir
-        if not folder.is_dir():
+                recipe_path, line, "series",
+                f"{name} is listed twice in the series (also in {p.also_dir}/).",
+                "keep one entry, at the place in the apply order where it belongs")
+        elif p.what == "retired-listed":
             yield ctx.finding(
-                recipe_path, dir_line, "series",
-                f"group folder {group.dir}/ does not exist.",
-                f"create {group.dir}/ or remove the group from series.groups",
-            )
-            continue
-        on_disk = {p.name for p in folder.glob("*.patch")}
-        for name in group.patches:
-            line = ctx.recipe_line(f'"{name}"', dir_line)
-            topic = name.removesuffix(".patch")
-            if topic in seen:
-                yield ctx.finding(
-                    recipe_path, line, "series",
-                    f"{group.dir}/{name} is listed twice in the series (also in "
-                    f"{seen[topic]}/).",
-                    "keep one entry, at the place in the apply order where it belongs",
-                )
-            seen.setdefault(topic, group.dir)
-            if topic in retired:
-                yield ctx.finding(
-                    recipe_path, line, "series",
-                    f"{group.dir}/{name} is a retired topic (series.retired) but is listed "
-                    "in the series.",
-                    "remove the entry and the file, or take the topic out of series.retired "
-                    "if it really comes back",
-                )
-            if name not in on_disk:
-                yield ctx.finding(
-                    recipe_path, line, "series",
-                    f"series entry {group.dir}/{name} has no file.",
-                    f"export the topic to {group.dir}/{name}, or remove the entry",
-                )
-        for name in sorted(on_disk - set(group.patches)):
-            topic = name.removesuffix(".patch")
-            if topic in retired:
-                yield ctx.finding(
-                    folder / name, 1, "series",
-                    f"{group.dir}/{name} is a retired topic (series.retired) and must not be "
-                    "in the tree.",
-                    "delete the file; git history keeps it, and the ledger says why it retired",
-                )
-            else:
-                yield ctx.finding(
-                    folder / name, 1, "series",
-                    f"{group.dir}/{name} is in the folder but not in the recipe's series.",
-                    f"add {name!r} to the patches of the {group.dir!r} group in recipe.toml, "
-                    "in apply order, or delete the file",
-                )
+                recipe_path, line, "series",
+                f"{name} is a retired topic (series.retired) but is listed in the series.",
+                "remove the entry and the file, or take the topic out of series.retired "
+                "if it really comes back")
+        elif p.what == "no-file":
+            yield ctx.finding(recipe_path, line, "series",
+                              f"series entry {name} has no file.",
+                              f"export the topic to {name}, or remove the entry")
+        elif p.what == "retired-file":
+            yield ctx.finding(
+                file, 1, "series",
+                f"{name} is a retired topic (series.retired) and must not be in the tree.",
+                "delete the file; git history keeps it, and the ledger says why it retired")
+        else:
+            yield ctx.finding(
+                file, 1, "series", f"{name} is in the folder but not in the recipe's series.",
+                f"add {p.name!r} to the patches of the {p.dir!r} group in recipe.toml, "
+                "in apply order, or delete the file")
 
 
 # -- headers -----------------------------------------------------------------------------
