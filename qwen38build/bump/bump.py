@@ -188,7 +188,7 @@ def relock_environment(
     if not path.is_file():
         return None, None
     try:
-        old = envlock.packages_of(path.read_text(encoding="utf-8"), str(path))
+        old = envlock.packages_of(envlock.read_text(path), str(path))
         pin = f"{entry.name} {entry.version}"
         torch = envlock.torch_for(loaded, pin, envlock.pin_requirements(loaded, entry, wheel))
         locked = envlock.compute(loaded, entry, wheel, torch=torch)
