@@ -959,6 +959,39 @@ def _(env: Env) -> list[str]:
     return ["--recipe", str(env.recipe / "recipe.toml"), "build"]
 
 
+# -- machine settings: the cache configuration and the environment --------------------------------
+
+
+def _config(env: Env, text: str) -> None:
+    path = env.tmp / "config.toml"
+    path.write_text(text)
+    os.environ["QWEN38BUILD_CONFIG"] = str(path)  # the harness puts the environment back
+
+
+@case("cache-config-timeout-true", "config.toml:cache.timeout", "True")
+def _(env: Env) -> list[str]:
+    _config(env, "[cache]\ntimeout = true\n")  # float(True) would be 1 s
+    return ["build", "--rebuild", "-q", "--no-link"]
+
+
+@case("cache-substituter-port-99999", "--substituter", "99999", "a port from 1 to 65535")
+def _(env: Env) -> list[str]:
+    return ["--substituter", "http://127.0.0.1:99999/q38", "build", "--rebuild", "-q",
+            "--no-link"]
+
+
+@case("cache-config-substituter-port-99999", "cache.substituters", "99999")
+def _(env: Env) -> list[str]:
+    _config(env, '[cache]\nsubstituters = ["https://cache.example.org:99999/q38"]\n')
+    return ["build", "--rebuild", "-q", "--no-link"]
+
+
+@case("env-offline-banana", "$QWEN38BUILD_OFFLINE", "'banana'", "neither yes nor no")
+def _(env: Env) -> list[str]:
+    os.environ["QWEN38BUILD_OFFLINE"] = "banana"  # never read as "online"
+    return ["build", "-q", "--no-link"]  # the no-op included
+
+
 # -- the harness ---------------------------------------------------------------------------------
 
 
@@ -1062,14 +1095,19 @@ def test_bad_input_is_refused_in_one_line_touching_nothing(
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # a bad lock must never reach pip anyway
     env = make_env(template, tmp_path)
     monkeypatch.chdir(env.root)
-    argv = c.setup(env)
-    if not argv or argv[0] != "--recipe":
-        argv = ["--recipe", str(env.recipe), "--store", str(env.store), *argv]
-    before = (snapshot(env.store), snapshot(env.root), snapshot(env.sentinel))
-    capsys.readouterr()
-    from qwen38build.cli import main
+    saved = dict(os.environ)  # a case may set a variable for its run alone
+    try:
+        argv = c.setup(env)
+        if not argv or argv[0] != "--recipe":
+            argv = ["--recipe", str(env.recipe), "--store", str(env.store), *argv]
+        before = (snapshot(env.store), snapshot(env.root), snapshot(env.sentinel))
+        capsys.readouterr()
+        from qwen38build.cli import main
 
-    code = main(argv)
+        code = main(argv)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     _, err = capsys.readouterr()
     assert (code, err.count("\n")) == (c.code, 1), err
     assert "Traceback" not in err

@@ -182,6 +182,9 @@ def try_noop(argv: list[str]) -> int | None:
         i += 2
     if argv[i : i + 1] != ["build"] or not all(v.strip() for v in opts.values()):
         return None  # an empty --store or --recipe is refused by the full CLI
+    if os.environ.get("QWEN38BUILD_OFFLINE", "").strip().lower() not in (
+            "", "0", "false", "no", "off", "1", "true", "yes", "on"):
+        return None  # neither yes nor no: the full CLI refuses it (cache/config.py)
     rest = argv[i + 1 :]
     while rest:
         arg = rest.pop(0)
