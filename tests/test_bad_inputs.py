@@ -992,6 +992,27 @@ def _(env: Env) -> list[str]:
     return ["build", "-q", "--no-link"]  # the no-op included
 
 
+def _key_pair(env: Env) -> tuple[Path, Path]:
+    from qwen38build.cache.signing import SecretKey, write_key_pair
+
+    sec, pub = env.tmp / "q38-test-1.sec", env.tmp / "q38-test-1.pub"
+    write_key_pair(SecretKey.generate("q38-test-1"), sec, pub)
+    return sec, pub
+
+
+@case("push-key-a-public-key", "q38-test-1.pub", "a public key file")
+def _(env: Env) -> list[str]:
+    _, pub = _key_pair(env)  # NAME:BASE64 of 32 bytes, like the secret: signed nothing usable
+    return ["push", "http://127.0.0.1:9/q38", "--key", str(pub)]
+
+
+@case("push-key-world-readable", "q38-test-1.sec", "readable by others", "mode 644")
+def _(env: Env) -> list[str]:
+    sec, _ = _key_pair(env)
+    sec.chmod(0o644)
+    return ["push", "http://127.0.0.1:9/q38", "--key", str(sec)]
+
+
 # -- the harness ---------------------------------------------------------------------------------
 
 
