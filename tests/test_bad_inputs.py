@@ -1013,6 +1013,39 @@ def _(env: Env) -> list[str]:
     return ["push", "http://127.0.0.1:9/q38", "--key", str(sec)]
 
 
+# -- inputs stay inside the project, links resolved ---------------------------------------------
+
+
+def _other_checkout(env: Env) -> Path:
+    other = env.tmp / "other-checkout"
+    shutil.copytree(env.root, other, symlinks=True)
+    return other
+
+
+@case("recipe-a-link-to-another-checkout", "recipe.toml", "outside the folder it is named in")
+def _(env: Env) -> list[str]:
+    other = _other_checkout(env)
+    env.recipe.unlink()
+    env.recipe.symlink_to(other / "recipe.toml")
+    return ["build", "-q", "--no-link"]
+
+
+@case("lock-a-link-to-another-checkout", "lock/", "leads outside the project")
+def _(env: Env) -> list[str]:
+    other = _other_checkout(env)
+    shutil.rmtree(env.root / "lock")
+    (env.root / "lock").symlink_to(other / "lock")
+    return ["build", "-q", "--no-link"]
+
+
+@case("lock-sources-a-link-out", "lock/sources.json", "leads outside the project")
+def _(env: Env) -> list[str]:
+    other = _other_checkout(env)
+    env.lock.unlink()
+    env.lock.symlink_to(other / "lock" / "sources.json")
+    return ["build", "-q", "--no-link"]
+
+
 # -- the harness ---------------------------------------------------------------------------------
 
 

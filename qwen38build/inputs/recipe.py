@@ -260,7 +260,16 @@ class LoadedRecipe:
 
 
 def load(path: Path) -> LoadedRecipe:
-    """Read and validate ``path``; raise RecipeError listing every problem found."""
+    """Read and validate ``path``; raise RecipeError listing every problem found.
+
+    The project is the folder the recipe is named in: a recipe that is a link resolving to
+    another folder (another checkout) is refused, never built from there."""
+    real = os.path.realpath(path)
+    if os.path.dirname(real) != os.path.realpath(os.path.dirname(os.path.abspath(path))):
+        raise RecipeError(str(path), [f"a link to {real}, outside the folder it is named in; "
+                                      "inputs stay inside the project"],
+                          hint="pass --recipe with the other project's own recipe.toml, or "
+                          "replace the link with the file")
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -334,6 +343,10 @@ def path_problems(loaded: LoadedRecipe) -> list[str]:
     r, root = loaded.recipe, loaded.root
     checks = [(f"series.groups.{i}.dir", g.dir, "dir") for i, g in enumerate(r.series.groups)]
     checks += [("pthfa.path", r.pthfa.path, "dir"), ("fa2.diff", r.fa2.diff, "file")]
+    # lock/ is read by name, not from the recipe, but under the same rule: links resolved,
+    # it and its files stay inside the project (never another checkout's lock).
+    checks += [("lock/", "lock", "dir")] + [(f"lock/{n}", f"lock/{n}", "file") for n in (
+        "sources.json", "pylock.toml", "pylock.inputs.json")]
     problems = []
     for where, rel, want in checks:
         why = outside_problem(root, rel, want=want)
