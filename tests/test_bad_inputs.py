@@ -1030,7 +1030,7 @@ def _(env: Env) -> list[str]:
     return ["build", "-q", "--no-link"]
 
 
-@case("lock-a-link-to-another-checkout", "lock/", "leads outside the project")
+@case("lock-a-link-to-another-checkout", "lock:", "leads outside the project")
 def _(env: Env) -> list[str]:
     other = _other_checkout(env)
     shutil.rmtree(env.root / "lock")

@@ -343,15 +343,20 @@ def path_problems(loaded: LoadedRecipe) -> list[str]:
     r, root = loaded.recipe, loaded.root
     checks = [(f"series.groups.{i}.dir", g.dir, "dir") for i, g in enumerate(r.series.groups)]
     checks += [("pthfa.path", r.pthfa.path, "dir"), ("fa2.diff", r.fa2.diff, "file")]
-    # lock/ is read by name, not from the recipe, but under the same rule: links resolved,
-    # it and its files stay inside the project (never another checkout's lock).
-    checks += [("lock/", "lock", "dir")] + [(f"lock/{n}", f"lock/{n}", "file") for n in (
-        "sources.json", "pylock.toml", "pylock.inputs.json")]
     problems = []
     for where, rel, want in checks:
         why = outside_problem(root, rel, want=want)
         if why is not None:
             problems.append(f"{where}: {why}")
+    # lock/ is read by name, not from the recipe, but stays inside the project too, links
+    # resolved (never another checkout's lock); what it holds is the lock reader's check.
+    real_root = os.path.realpath(root)
+    for rel in ("lock", "lock/sources.json", "lock/pylock.toml", "lock/pylock.inputs.json"):
+        target = os.path.realpath(os.path.join(root, rel))
+        if os.path.commonpath([real_root, target]) != real_root:
+            problems.append(f"{rel}: {rel!r} leads outside the project (to {target}); keep "
+                            "the lock inside the project")
+            break
     return problems
 
 
