@@ -531,6 +531,12 @@ patch_case("gitlink", "diff --git a/sub b/sub\nnew file mode 160000\nindex 00000
            ":11:", "gitlink")
 patch_case("mode-change", "diff --git a/server.py b/server.py\nold mode 100644\nnew mode 100755\n",
            ":11:", "mode change")
+patch_case("adds-record", "diff --git a/RECORD b/RECORD\nnew file mode 100644\n"
+           "index 0000000..1111111\n--- /dev/null\n+++ b/RECORD\n@@ -0,0 +1 @@\n+x,,\n",
+           ":14:", "'b/RECORD' is wheel metadata")
+patch_case("adds-dist-info-file", "diff --git a/x.dist-info/METADATA b/x.dist-info/METADATA\n"
+           "new file mode 100644\nindex 0000000..1111111\n--- /dev/null\n"
+           "+++ b/x.dist-info/METADATA\n@@ -0,0 +1 @@\n+Name: x\n", ":14:", "wheel metadata")
 patch_case("mode-change-with-hunk", "diff --git a/server.py b/server.py\nold mode 100644\n"
            "new mode 100755\n" + GOOD_HUNK.split("\n", 1)[1], ":11:", "mode change")
 patch_case("mode-setuid", "diff --git a/x.py b/x.py\nnew file mode 104755\nindex 0000000..1111111\n"

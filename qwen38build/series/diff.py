@@ -106,6 +106,16 @@ def _package_path(raw: str, *, line: int, problems: list[Problem]) -> str | None
             "paths must be relative to the vllm/ package (a/<path>, b/<path>), without '..'",
         ))
         return rel
+    if p.name == "RECORD" or any(part.endswith(".dist-info") for part in p.parts):
+        # The wheel step writes the dist-info and its RECORD; a file named RECORD is read as
+        # wheel metadata wherever it lies, so the series may not carry one.
+        problems.append(Problem(
+            line, "diff-hygiene",
+            f"diff path {raw!r} is wheel metadata (a RECORD or a .dist-info file); the "
+            "wheel step writes those, the series changes the package only.",
+            "drop that file from the topic's commit and re-export",
+        ))
+        return rel
     return str(p)
 
 
