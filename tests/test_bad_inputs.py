@@ -531,6 +531,9 @@ patch_case("gitlink", "diff --git a/sub b/sub\nnew file mode 160000\nindex 00000
            ":11:", "gitlink")
 patch_case("mode-change", "diff --git a/server.py b/server.py\nold mode 100644\nnew mode 100755\n",
            ":11:", "mode change")
+patch_case("new-file-executable", "diff --git a/tool.sh b/tool.sh\nnew file mode 100755\n"
+           "index 0000000..1111111\n--- /dev/null\n+++ b/tool.sh\n@@ -0,0 +1 @@\n+echo hi\n",
+           ":11:", "new executable file", "100755")
 patch_case("adds-record", "diff --git a/RECORD b/RECORD\nnew file mode 100644\n"
            "index 0000000..1111111\n--- /dev/null\n+++ b/RECORD\n@@ -0,0 +1 @@\n+x,,\n",
            ":14:", "'b/RECORD' is wheel metadata")
