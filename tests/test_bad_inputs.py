@@ -830,6 +830,23 @@ def _(env: Env) -> list[str]:
     return ["kernels", "--arch", "8.6", "-q", "--out", str(env.tmp / "out-file")]
 
 
+@case("kernels-system-nvcc-not-on-path", "--system-nvcc", "no nvcc is on PATH")
+def _(env: Env) -> list[str]:
+    _pthfa(env)
+    empty = env.tmp / "empty-bin"
+    empty.mkdir()
+    os.environ["PATH"] = str(empty)  # the harness puts the environment back
+    return ["kernels", "--system-nvcc", "--arch", "8.6", "-q"]
+
+
+@case("build-system-nvcc-not-on-path", "QWEN38BUILD_NVCC=system", "no nvcc is on PATH")
+def _(env: Env) -> list[str]:
+    _pthfa(env)
+    os.environ["PATH"] = str(env.tmp)  # no nvcc there
+    os.environ["QWEN38BUILD_NVCC"] = "system"
+    return ["build", "-q", "--no-link", "--only", "pthfa"]
+
+
 @case("pthfa-package-fifo", "pipe.txt", "not a regular file")
 def _(env: Env) -> list[str]:
     os.mkfifo(_pthfa(env) / "python" / "pthfa" / "pipe.txt")
