@@ -678,6 +678,12 @@ def _(env: Env) -> list[str]:
     return build(env)
 
 
+@case("lock-size-wrong-entry-in-store", L, "size 12345", "bytes")
+def _(env: Env) -> list[str]:
+    env.lock_entry(size=12345)  # the store already holds the wheel of that sha256
+    return build(env)
+
+
 @case("wheel-empty-file", L, "sources[0].size")
 def _(env: Env) -> list[str]:
     bad = env.tmp / "bad.whl"
