@@ -30,6 +30,16 @@ def sha256_json(value: Any) -> str:
     return sha256_bytes(canonical_json(value))
 
 
+def derivation_digest(drv: Any) -> str:
+    """The digest of a derivation: sha256 of its canonical JSON, the human name left out.
+
+    The one definition of what a digest covers: a step computes its own with it (see
+    engine/step.py), a cache record's derivation and a stack's own record are checked
+    against their digest with it.
+    """
+    return sha256_json({k: v for k, v in drv.items() if k != "name"})
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:

@@ -254,3 +254,16 @@ def install_fake_nvcc(bin_dir: Path, python: str, state: Path) -> Path:
     exe.write_text(FAKE_NVCC.format(python=python, state=state))
     exe.chmod(0o755)
     return exe
+
+
+def trickle_headers(h: FaultHandler, data: bytes) -> None:
+    """Send the status line and headers a byte every 0.05 s (a long padding header makes it
+    last ~10 s), then the body: no single read times out, yet the answer never ends soon."""
+    head = (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nX-Pad: %s\r\n\r\n"
+            % (len(data), b"." * 200))
+    for i in range(len(head)):
+        h.wfile.write(head[i : i + 1])
+        h.wfile.flush()
+        time.sleep(0.05)
+    h.wfile.write(data)
+    h.close_connection = True

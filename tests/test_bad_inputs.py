@@ -531,6 +531,15 @@ patch_case("gitlink", "diff --git a/sub b/sub\nnew file mode 160000\nindex 00000
            ":11:", "gitlink")
 patch_case("mode-change", "diff --git a/server.py b/server.py\nold mode 100644\nnew mode 100755\n",
            ":11:", "mode change")
+patch_case("new-file-executable", "diff --git a/tool.sh b/tool.sh\nnew file mode 100755\n"
+           "index 0000000..1111111\n--- /dev/null\n+++ b/tool.sh\n@@ -0,0 +1 @@\n+echo hi\n",
+           ":11:", "new executable file", "100755")
+patch_case("adds-record", "diff --git a/RECORD b/RECORD\nnew file mode 100644\n"
+           "index 0000000..1111111\n--- /dev/null\n+++ b/RECORD\n@@ -0,0 +1 @@\n+x,,\n",
+           ":14:", "'b/RECORD' is wheel metadata")
+patch_case("adds-dist-info-file", "diff --git a/x.dist-info/METADATA b/x.dist-info/METADATA\n"
+           "new file mode 100644\nindex 0000000..1111111\n--- /dev/null\n"
+           "+++ b/x.dist-info/METADATA\n@@ -0,0 +1 @@\n+Name: x\n", ":14:", "wheel metadata")
 patch_case("mode-change-with-hunk", "diff --git a/server.py b/server.py\nold mode 100644\n"
            "new mode 100755\n" + GOOD_HUNK.split("\n", 1)[1], ":11:", "mode change")
 patch_case("mode-setuid", "diff --git a/x.py b/x.py\nnew file mode 104755\nindex 0000000..1111111\n"
@@ -666,6 +675,12 @@ def _(env: Env) -> list[str]:
     bad = env.tmp / "bad.whl"
     bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     env.pin_wheel(bad)
+    return build(env)
+
+
+@case("lock-size-wrong-entry-in-store", L, "size 12345", "bytes")
+def _(env: Env) -> list[str]:
+    env.lock_entry(size=12345)  # the store already holds the wheel of that sha256
     return build(env)
 
 
@@ -821,6 +836,23 @@ def _(env: Env) -> list[str]:
     return ["kernels", "--arch", "8.6", "-q", "--out", str(env.tmp / "out-file")]
 
 
+@case("kernels-system-nvcc-not-on-path", "--system-nvcc", "no nvcc is on PATH")
+def _(env: Env) -> list[str]:
+    _pthfa(env)
+    empty = env.tmp / "empty-bin"
+    empty.mkdir()
+    os.environ["PATH"] = str(empty)  # the harness puts the environment back
+    return ["kernels", "--system-nvcc", "--arch", "8.6", "-q"]
+
+
+@case("build-system-nvcc-not-on-path", "QWEN38BUILD_NVCC=system", "no nvcc is on PATH")
+def _(env: Env) -> list[str]:
+    _pthfa(env)
+    os.environ["PATH"] = str(env.tmp)  # no nvcc there
+    os.environ["QWEN38BUILD_NVCC"] = "system"
+    return ["build", "-q", "--no-link", "--only", "pthfa"]
+
+
 @case("pthfa-package-fifo", "pipe.txt", "not a regular file")
 def _(env: Env) -> list[str]:
     os.mkfifo(_pthfa(env) / "python" / "pthfa" / "pipe.txt")
@@ -959,6 +991,93 @@ def _(env: Env) -> list[str]:
     return ["--recipe", str(env.recipe / "recipe.toml"), "build"]
 
 
+# -- machine settings: the cache configuration and the environment --------------------------------
+
+
+def _config(env: Env, text: str) -> None:
+    path = env.tmp / "config.toml"
+    path.write_text(text)
+    os.environ["QWEN38BUILD_CONFIG"] = str(path)  # the harness puts the environment back
+
+
+@case("cache-config-timeout-true", "config.toml:cache.timeout", "True")
+def _(env: Env) -> list[str]:
+    _config(env, "[cache]\ntimeout = true\n")  # float(True) would be 1 s
+    return ["build", "--rebuild", "-q", "--no-link"]
+
+
+@case("cache-substituter-port-99999", "--substituter", "99999", "a port from 1 to 65535")
+def _(env: Env) -> list[str]:
+    return ["--substituter", "http://127.0.0.1:99999/q38", "build", "--rebuild", "-q",
+            "--no-link"]
+
+
+@case("cache-config-substituter-port-99999", "cache.substituters", "99999")
+def _(env: Env) -> list[str]:
+    _config(env, '[cache]\nsubstituters = ["https://cache.example.org:99999/q38"]\n')
+    return ["build", "--rebuild", "-q", "--no-link"]
+
+
+@case("env-offline-banana", "$QWEN38BUILD_OFFLINE", "'banana'", "neither yes nor no")
+def _(env: Env) -> list[str]:
+    os.environ["QWEN38BUILD_OFFLINE"] = "banana"  # never read as "online"
+    return ["build", "-q", "--no-link"]  # the no-op included
+
+
+def _key_pair(env: Env) -> tuple[Path, Path]:
+    from qwen38build.cache.signing import SecretKey, write_key_pair
+
+    sec, pub = env.tmp / "q38-test-1.sec", env.tmp / "q38-test-1.pub"
+    write_key_pair(SecretKey.generate("q38-test-1"), sec, pub)
+    return sec, pub
+
+
+@case("push-key-a-public-key", "q38-test-1.pub", "a public key file")
+def _(env: Env) -> list[str]:
+    _, pub = _key_pair(env)  # NAME:BASE64 of 32 bytes, like the secret: signed nothing usable
+    return ["push", "http://127.0.0.1:9/q38", "--key", str(pub)]
+
+
+@case("push-key-world-readable", "q38-test-1.sec", "readable by others", "mode 644")
+def _(env: Env) -> list[str]:
+    sec, _ = _key_pair(env)
+    sec.chmod(0o644)
+    return ["push", "http://127.0.0.1:9/q38", "--key", str(sec)]
+
+
+# -- inputs stay inside the project, links resolved ---------------------------------------------
+
+
+def _other_checkout(env: Env) -> Path:
+    other = env.tmp / "other-checkout"
+    shutil.copytree(env.root, other, symlinks=True)
+    return other
+
+
+@case("recipe-a-link-to-another-checkout", "recipe.toml", "outside the folder it is named in")
+def _(env: Env) -> list[str]:
+    other = _other_checkout(env)
+    env.recipe.unlink()
+    env.recipe.symlink_to(other / "recipe.toml")
+    return ["build", "-q", "--no-link"]
+
+
+@case("lock-a-link-to-another-checkout", "lock:", "leads outside the project")
+def _(env: Env) -> list[str]:
+    other = _other_checkout(env)
+    shutil.rmtree(env.root / "lock")
+    (env.root / "lock").symlink_to(other / "lock")
+    return ["build", "-q", "--no-link"]
+
+
+@case("lock-sources-a-link-out", "lock/sources.json", "leads outside the project")
+def _(env: Env) -> list[str]:
+    other = _other_checkout(env)
+    env.lock.unlink()
+    env.lock.symlink_to(other / "lock" / "sources.json")
+    return ["build", "-q", "--no-link"]
+
+
 # -- the harness ---------------------------------------------------------------------------------
 
 
@@ -1062,14 +1181,19 @@ def test_bad_input_is_refused_in_one_line_touching_nothing(
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # a bad lock must never reach pip anyway
     env = make_env(template, tmp_path)
     monkeypatch.chdir(env.root)
-    argv = c.setup(env)
-    if not argv or argv[0] != "--recipe":
-        argv = ["--recipe", str(env.recipe), "--store", str(env.store), *argv]
-    before = (snapshot(env.store), snapshot(env.root), snapshot(env.sentinel))
-    capsys.readouterr()
-    from qwen38build.cli import main
+    saved = dict(os.environ)  # a case may set a variable for its run alone
+    try:
+        argv = c.setup(env)
+        if not argv or argv[0] != "--recipe":
+            argv = ["--recipe", str(env.recipe), "--store", str(env.store), *argv]
+        before = (snapshot(env.store), snapshot(env.root), snapshot(env.sentinel))
+        capsys.readouterr()
+        from qwen38build.cli import main
 
-    code = main(argv)
+        code = main(argv)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     _, err = capsys.readouterr()
     assert (code, err.count("\n")) == (c.code, 1), err
     assert "Traceback" not in err

@@ -300,3 +300,33 @@ def test_a_wheel_member_outside_its_directory_is_refused(project: Project, capsy
         capsys.readouterr().err)
     assert Store(project.store).lookup(_plan(project).top.digest) is None
     assert not (project.store / "outside.py").exists()
+
+
+def test_a_patched_file_keeps_its_pristine_executable_bit(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    """Mode bits, explicitly (series/diff.py): a patched member keeps its pristine wheel
+    member's mode, executable or not; a mode change or a new executable file is refused at
+    parse time (the bad-input corpus: patch-mode-change, patch-new-file-executable)."""
+    import hashlib
+
+    wheel = next(project.wheels.glob("vllm-*.whl"))
+    rewritten = project.tmp / "x.whl"
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(rewritten, "w") as dst:
+        for info in src.infolist():
+            if info.filename == "vllm/server.py":
+                info.external_attr = 0o100755 << 16
+            dst.writestr(info, src.read(info.filename))
+    rewritten.replace(wheel)
+    lock_file = project.root / "lock" / "sources.json"
+    data = json.loads(lock_file.read_text())
+    entry = next(e for e in data["sources"] if e["name"] == "vllm")
+    entry.update(sha256=hashlib.sha256(wheel.read_bytes()).hexdigest(),
+                 size=wheel.stat().st_size)
+    lock_file.write_text(json.dumps(data))
+    assert project.run("build", "--json", "-q", "--no-link") == 0
+    out = json.loads(capsys.readouterr().out)
+    with zipfile.ZipFile(out["wheel"]) as z:
+        modes = {i.filename: (i.external_attr >> 16) & 0o777 for i in z.infolist()}
+        assert b"return 33" in z.read("vllm/server.py")  # patched
+        assert b"KNOB_7 = 70" in z.read("vllm/envs.py")
+    assert modes["vllm/server.py"] == 0o755 and modes["vllm/envs.py"] == 0o644

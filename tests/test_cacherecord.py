@@ -72,3 +72,24 @@ def test_not_json_is_a_broken_cache_not_a_bad_entry() -> None:
     with pytest.raises(CacheError) as info:
         cacherecord.check(b"<html>", DIGEST, [KEY.public()])
     assert not isinstance(info.value, UntrustedEntry)
+
+
+@pytest.mark.parametrize("where", ["bogus only", "the good one last"])
+def test_a_long_signature_list_is_refused_before_any_is_checked(where: str) -> None:
+    """20,000 signatures under the trusted key's name, each a well-formed but wrong ed25519
+    signature: checking them all cost seconds of CPU per step. The list is bounded and
+    the record refused at once, the good signature at its end included."""
+    import base64
+    import time
+
+    good = record()
+    bogus = f"{KEY.name}:{base64.b64encode(bytes(64)).decode()}"
+    sigs = [bogus] * 20_000 + (good["signatures"] if where == "the good one last" else [])
+    start = time.process_time()
+    with pytest.raises(UntrustedEntry, match=r"200\d\d signatures; at most 16"):
+        check({**good, "signatures": sigs})
+    assert time.process_time() - start < 0.5
+    # A few signatures by unknown keys beside the good one still pass.
+    assert check({**good, "signatures": [bogus.replace(KEY.name, "other")] * 3
+                  + good["signatures"]}).signer == KEY.name
+

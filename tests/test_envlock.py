@@ -365,3 +365,33 @@ def test_bump_relocks_a_pin_once_then_takes_the_lock_from_the_store(
     bump.bump(loaded(proj), Store(proj.store), "0.0.2", dry_run=False)
     assert len(calls) == 2
     assert envlock.check(loaded(proj)) == envlock.pylock_path(proj.root)
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    (b'[packages]\nname = "x"\n', "packages must be an array of tables"),
+    (b'[[packages]]\nname = "x"\nversion = "1"\nwheels = "x"\n', "wheels must be an array"),
+    (b'[[packages]]\nname = "x"\nversion = "1"\nwheels = ["x"]\n', "each file must be a table"),
+    (b'[[packages]]\nname = "x"\nversion = "1"\nwheels = [{ hashes = "x" }]\n',
+     "has a file without a hash"),
+    (b'packages = ["x"]\n', "packages[0] must be a table"),
+    (b'# caf\xe9\n[[packages]]\n', "not UTF-8 text"),
+], ids=["packages-a-table", "wheels-a-string", "wheel-a-string", "hashes-a-string",
+        "package-a-string", "not-utf8"])
+def test_a_malformed_lock_is_bad_input_in_one_line(
+    proj: Project, capsys: pytest.CaptureFixture[str], text: bytes, says: str
+) -> None:
+    """Even with its recorded sha256 made to match (so only the shape can tell), a lock of
+    the wrong shape is bad input (exit 2, one line), never an internal error."""
+    import hashlib
+
+    path = locking.relock_env(loaded(proj), Store(proj.store))
+    path.write_bytes(text)
+    side = envlock.inputs_path(proj.root)
+    record = json.loads(side.read_text())
+    record["pylock_sha256"] = hashlib.sha256(text).hexdigest()
+    side.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert proj.run("lock", "--check") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and says in err, err
+    assert str(path) in err

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,3 +115,79 @@ def test_a_stack_build_reproduces(stack: Project, capsys: pytest.CaptureFixture[
     out = _build(stack, capsys)
     assert stack.run("reproduce", str(out["build"]), "-q") == 0, capsys.readouterr()
     assert "reproduced" in capsys.readouterr().out
+
+
+def _kind_entries(store: Path, kind: str) -> list[tuple[str, dict[str, object]]]:
+    out = []
+    for p in sorted((store / "objects").glob("*.json")):
+        meta = json.loads(p.read_text())
+        if meta["derivation"]["kind"] == kind:
+            out.append((p.stem, meta))
+    return out
+
+
+def _retarget(store: Path, stack_digest: str, name: str, new_name: str, target: str,
+              edit: Callable[[dict[str, Any]], None]) -> None:
+    """Edit a stack's link and its record together, as an attacker with write access
+    would: the link text, its recorded target and hash agree, modes as sealed."""
+    from qwen38build.store.entry import link_sha256
+
+    entry = store / "objects" / stack_digest
+    os.chmod(entry, 0o755)
+    (entry / name).unlink()
+    (entry / new_name).symlink_to(target)
+    os.chmod(entry, 0o555)
+    record = store / "objects" / f"{stack_digest}.json"
+    meta = json.loads(record.read_text())
+    del meta["outputs"][name]
+    meta["outputs"][new_name] = {"link": target, "sha256": link_sha256(target), "size": 0}
+    edit(meta)
+    os.chmod(record, 0o644)
+    record.write_text(json.dumps(meta, indent=1, sort_keys=True))
+
+
+@pytest.mark.parametrize("attack", ["a folder linked to /etc", "the unpatched wheel",
+                                    "the unpatched wheel, derivation edited too"])
+def test_a_link_edited_with_its_record_is_corruption_and_never_served(
+    attack: str, stack: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stack link is checked by what it points at: an entry its own derivation depends
+    on, whose record lists that file with the sha256 the link recorded. Editing a link
+    and its record together (into /etc through a linked folder of objects/, or onto the
+    pristine wheel that the fetch step keeps) is corruption for `store verify`, and a
+    build (its no-op as well) makes the stack again instead of handing it over."""
+    out = _build(stack, capsys)
+    stack_digest = str(out["build"])
+    wheel = Path(str(out["wheel"])).name
+    result = stack.root / "result"
+    honest = (result / wheel).read_bytes()
+    if attack == "a folder linked to /etc":
+        fake = "f" * 64
+        (stack.store / "objects" / fake).symlink_to("/etc")
+        # The record names the link after what it reads (passwd), as the attacker wants.
+        _retarget(stack.store, stack_digest, "manifest.json", "passwd", f"../{fake}/passwd",
+                  lambda m: None)
+        assert (result / "passwd").read_bytes() == Path("/etc/passwd").read_bytes()
+        shown = "passwd"
+    else:
+        [(fetch, meta)] = [(d, m) for d, m in _kind_entries(stack.store, "fetch")
+                           if any(n.startswith("vllm") for n in m["outputs"])]  # type: ignore[attr-defined]
+        [pristine] = list(meta["outputs"])  # type: ignore[call-overload]
+
+        def add_dep(m: dict[str, Any]) -> None:
+            m["derivation"]["deps"].append(["vllm", fetch])
+
+        _retarget(stack.store, stack_digest, wheel, wheel, f"../{fetch}/{pristine}",
+                  add_dep if "derivation" in attack else (lambda m: None))
+        assert (result / wheel).read_bytes() != honest  # the lie is in place
+        shown = wheel
+    assert main(["--store", str(stack.store), "store", "verify"]) == 1
+    report = capsys.readouterr().out
+    assert f"bad-link: {stack_digest}/{shown}" in report, report
+    again = _build(stack, capsys)  # no --rebuild: the no-op must not hand it over
+    assert again["build"] == stack_digest
+    assert sorted(os.listdir(result)) == sorted(
+        [wheel, "manifest.json", Path(out["outputs"]["pthfa"]).name])  # type: ignore[index]
+    assert (result / wheel).read_bytes() == honest
+    assert main(["--store", str(stack.store), "store", "verify"]) == 0, \
+        capsys.readouterr().out

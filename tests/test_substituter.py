@@ -218,6 +218,39 @@ def test_a_failing_cache_costs_one_warning_and_the_build_goes_on(
     assert not any((store_b / "tmp").iterdir())
 
 
+TRICKLES: dict[str, dict[str, cf.Fault]] = {
+    "record headers": {".json": cf.trickle_headers},
+    "record body": {".json": cf.trickle},
+    "output headers": {".whl": cf.trickle_headers},
+    "output body": {".whl": cf.trickle},
+}
+
+
+@pytest.mark.parametrize("where", sorted(TRICKLES))
+def test_a_trickling_cache_cannot_hold_a_build_past_its_deadline(
+        where: str, pushed: Pushed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        built_steps: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A byte every 0.05-0.1 s never trips a per-read timeout of 0.5 s; the whole-transfer
+    deadline (0.5 s + size at 1 MB/s: well under a second for these files) does. Without
+    it the headers take ~13 s and the output's body minutes."""
+    import time
+
+    monkeypatch.setenv("QWEN38BUILD_CACHE_TIMEOUT", "0.5")
+    with cf.fault_server(pushed.root) as server:
+        server.faults = TRICKLES[where]
+        start = time.monotonic()
+        rc = pushed.build_on(tmp_path / "store-b", "--substituter", server.url,
+                             "--trusted-public-key", pushed.trusted)
+        elapsed = time.monotonic() - start
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert json.loads(captured.out)["build"] == pushed.build["build"]
+    warnings = [line for line in captured.err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and server.url in warnings[0], captured.err
+    assert "within" in warnings[0], warnings[0]
+    assert elapsed < 6, f"{where}: a trickling cache held the build {elapsed:.1f}s"
+
+
 def test_a_cache_that_is_down_costs_one_warning(
         pushed: Pushed, tmp_path: Path, built_steps: list[str],
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -196,7 +196,7 @@ def test_the_system_nvcc_only_on_request_and_its_version_in_the_digest(
 def test_the_system_nvcc_asked_for_but_absent_is_a_clear_error(
     tproject: Project, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert tproject.run("kernels", "--system-nvcc") == 1
+    assert tproject.run("kernels", "--system-nvcc") == 2  # bad input, before any work
     err = capsys.readouterr().err
     assert "no nvcc is on PATH" in err and "Traceback" not in err
     assert not (tproject.store / "objects").exists() or not any(

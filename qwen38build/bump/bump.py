@@ -221,7 +221,7 @@ def relock_environment(
     if not path.is_file():
         return None, None
     try:
-        old = envlock.packages_of(path.read_text(encoding="utf-8"), str(path))
+        old = envlock.packages_of(envlock.read_text(path), str(path))
         pin = f"{entry.name} {entry.version}"
         reqs = envlock.pin_requirements(loaded, entry, wheel)
         torch = envlock.torch_for(loaded, pin, reqs)

@@ -70,22 +70,41 @@ def config_path() -> Path:
 
 def check_url(url: str, where: str) -> str:
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+    try:
+        port = parts.port  # ValueError when out of 0..65535 or not a number
+    except ValueError:
+        port = 0
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query \
+            or parts.fragment or port == 0 or (port is None and parts.netloc.endswith(":")):
         raise InputError(
-            f"{where}: {url!r} is not a cache URL; give http(s)://HOST[:PORT]/PREFIX.",
+            f"{where}: {url!r} is not a cache URL; give http(s)://HOST[:PORT]/PREFIX "
+            "(a port from 1 to 65535).",
             hint="a cache is any HTTP server that serves GET, HEAD and PUT under a prefix",
         )
     return url.rstrip("/")
 
 
-def _truthy(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "on")
+_YES = ("1", "true", "yes", "on")
+_NO = ("", "0", "false", "no", "off")
+
+
+def _flag(value: str, where: str) -> bool:
+    """A yes/no variable: 1/true/yes/on or 0/false/no/off (or empty); anything else is bad
+    input, never silently "no" (QWEN38BUILD_OFFLINE=banana must not mean online)."""
+    v = value.strip().lower()
+    if v in _YES:
+        return True
+    if v in _NO:
+        return False
+    raise InputError(f"{where}: {value!r} is neither yes nor no.",
+                     hint="give 1, true, yes or on (or 0, false, no, off, empty)")
 
 
 def offline_env() -> bool:
     """Whether this process is offline (the CLI's ``--offline`` sets the variable too, so a
-    step that would fetch from the network sees it)."""
-    return _truthy(os.environ.get(ENV_OFFLINE, ""))
+    step that would fetch from the network sees it); InputError for a value neither yes
+    nor no."""
+    return _flag(os.environ.get(ENV_OFFLINE, ""), f"${ENV_OFFLINE}")
 
 
 def from_file(path: Path) -> CacheConfig:
@@ -131,7 +150,8 @@ def from_file(path: Path) -> CacheConfig:
 
 def _timeout(value: object, where: str) -> float:
     try:
-        seconds = float(value)  # type: ignore[arg-type]
+        # A TOML boolean is not a number of seconds (float(True) would be 1).
+        seconds = -1.0 if isinstance(value, bool) else float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         seconds = -1.0
     if not 0 < seconds <= 3600:
@@ -164,7 +184,7 @@ def load(
     if trusted_keys is not None:
         cfg = replace(cfg, trusted_keys=tuple(PublicKey.parse(k, "--trusted-public-key")
                                               for k in trusted_keys))
-    off = offline or _truthy(env.get(ENV_OFFLINE, ""))
+    off = _flag(env.get(ENV_OFFLINE, ""), f"${ENV_OFFLINE}") or offline
     from qwen38build.cache.transport import credentials
 
     credentials(env.get("QWEN38BUILD_CACHE_AUTH", ""))  # per cache, checked before any work

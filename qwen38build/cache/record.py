@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 FORMAT = 1
 MAX_RECORD = 4 << 20  # bytes; a record lists outputs, it is never large
+# A record carries one signature per key that signed it: a handful. A longer list is
+# refused before any is checked, so a record cannot cost seconds of signature checks.
+MAX_SIGNATURES = 16
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _PART = re.compile(r"^[A-Za-z0-9_.+@=,~-]+$")
 
@@ -81,6 +84,10 @@ def check(data: bytes, digest: str, trusted: list[PublicKey]) -> CacheRecord:
     drv = rec.get("derivation")
     if not isinstance(drv, dict) or derivation_digest(drv) != digest:
         raise UntrustedEntry("the record's derivation does not hash to its digest")
+    sigs = rec.get("signatures")
+    if isinstance(sigs, list) and len(sigs) > MAX_SIGNATURES:
+        raise UntrustedEntry(f"the record carries {len(sigs)} signatures; at most "
+                             f"{MAX_SIGNATURES} are read")
     signer = trusted_signer(rec, trusted)
     if signer is None:
         names = [s.partition(":")[0] for s in rec.get("signatures") or [] if isinstance(s, str)]

@@ -16,6 +16,7 @@ import base64
 import binascii
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,12 +95,25 @@ class SecretKey:
 
     @classmethod
     def load(cls, path: Path) -> SecretKey:
+        """The secret key of ``path``. Refused (InputError) before it signs anything: a
+        public key file (``.pub``: both read NAME:BASE64 of 32 bytes, and its "signatures"
+        would verify under no key), and a key others may read (group or world bits, as ssh
+        refuses a private key): a key anyone could have copied vouches for nothing."""
+        if path.name.endswith(".pub"):
+            raise InputError(f"{path}: a public key file; push signs with the secret key.",
+                             hint="give the .sec file `qwen38build cache keygen NAME` wrote "
+                             "beside it")
         try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
             text = path.read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise InputError(f"{path}: cannot read the signing key: {exc}.",
                              hint="give a file written by `qwen38build cache keygen NAME`"
                              ) from exc
+        if mode & 0o077:
+            raise InputError(f"{path}: the secret key is readable by others (mode {mode:03o}); "
+                             "refused, as a key others could have copied proves nothing.",
+                             hint=f"chmod 600 {path} (and make a new key if others read it)")
         return cls.parse(text, str(path))
 
     @classmethod
@@ -141,7 +155,7 @@ def trusted_signer(record: dict[str, object], trusted: list[PublicKey]) -> str |
         return None
     by_name = {k.name: k for k in trusted}
     data = signed_bytes(record)
-    for sig in sigs:
+    for sig in sigs[:64]:  # bounded here too; cache/record.py refuses a longer list
         if not isinstance(sig, str):
             continue
         name, _, b64 = sig.partition(":")

@@ -106,7 +106,7 @@ class Substituters:
         # sha256 runs on its own thread, a block behind: hashing a block overlaps writing
         # it and receiving the next (both release the GIL), so the hash costs no time.
         hashing: Future[None] | None = None
-        with (cachehttp.get(url, self.config.timeout) as resp, dest.open("wb") as f,
+        with (cachehttp.get(url, self.config.timeout, o.size) as resp, dest.open("wb") as f,
               ThreadPoolExecutor(max_workers=1) as hasher):
             if resp is None:
                 raise CacheError(f"{url}: missing, though its signed record lists it")

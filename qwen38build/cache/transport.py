@@ -1,7 +1,10 @@
 """The cache protocol's transport: GET, HEAD and PUT of files under a URL prefix.
 
-Plain ``http.client`` with a timeout on every connect and read, so a cache that is down
-or stalls costs at most that long. Every transport failure (refused, timed out, reset, a
+Plain ``http.client`` with three deadlines on every request: the connect and each read or
+write within ``timeout``, and the whole exchange (headers included) within a deadline of its
+own: ``timeout`` for a record or a HEAD, ``timeout + size / MIN_RATE`` for a file of a
+declared size. A cache that is down, stalls or trickles a byte at a time costs at most that
+long. Every transport failure (refused, timed out, reset, a
 5xx, a redirect, a body shorter than announced) becomes one :class:`CacheError` here, the
 one seam where foreign errors are translated. A 404 is an answer, not a failure. No
 redirects are followed and no proxy variables are read: the URL names the server.
@@ -14,6 +17,7 @@ line), and VALUE is sent as the ``Authorization`` header only to requests under 
 from __future__ import annotations
 
 import http.client
+import io
 import os
 import socket
 import time
@@ -26,6 +30,7 @@ from qwen38build.errors import CacheError
 
 ENV_AUTH = "QWEN38BUILD_CACHE_AUTH"
 BLOCK = 1 << 20
+MIN_RATE = 1 << 20  # bytes per second: a transfer slower than this overall is abandoned
 
 
 class Readable(Protocol):
@@ -37,14 +42,100 @@ def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *(quote(p, safe="/") for p in parts)])
 
 
-def _connect(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+class Overdue(TimeoutError):
+    """The whole-transfer deadline passed (each read may have been prompt)."""
+
+
+def budget(timeout: float, size: int = 0) -> float:
+    """Seconds a whole exchange of ``size`` declared bytes may take."""
+    return timeout + max(size, 0) / MIN_RATE
+
+
+class _Reader(io.RawIOBase):
+    """The socket's read side for http.client: each read waits at most the per-read timeout
+    and never past the deadline."""
+
+    def __init__(self, owner: _DeadlineSocket) -> None:
+        self.owner = owner
+        # The socket's own raw file: it keeps the descriptor open after the connection is
+        # closed (http.client closes it early on a Connection: close answer).
+        self.raw = owner.sock.makefile("rb", buffering=0)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: memoryview | bytearray) -> int:  # type: ignore[override]
+        self.owner.arm()
+        try:
+            return self.raw.readinto(b) or 0  # None only on a non-blocking socket
+        except TimeoutError as exc:
+            self.owner.overdue(exc)
+            raise
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+class _DeadlineSocket:
+    """A connected socket whose every read and write is bounded by ``min(timeout, the time
+    left before the deadline)``. http.client reads through :meth:`makefile`."""
+
+    def __init__(self, sock: socket.socket, timeout: float, deadline: float,
+                 seconds: float) -> None:
+        self.sock, self.timeout, self.deadline, self.seconds = sock, timeout, deadline, seconds
+
+    def arm(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise Overdue(f"not received within {self.seconds:g}s")
+        self.sock.settimeout(min(self.timeout, left))
+
+    def overdue(self, exc: TimeoutError) -> None:
+        if time.monotonic() >= self.deadline:
+            raise Overdue(f"not received within {self.seconds:g}s") from exc
+
+    def makefile(self, mode: str = "r", *args: object, **kwargs: object) -> io.BufferedReader:
+        assert mode == "rb", mode
+        return io.BufferedReader(_Reader(self), BLOCK)
+
+    def sendall(self, data: bytes | memoryview) -> None:
+        self.arm()
+        try:
+            self.sock.sendall(data)
+        except TimeoutError as exc:
+            self.overdue(exc)
+            raise
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.sock, name)
+
+
+@contextmanager
+def _connection(url: str, timeout: float, seconds: float
+                ) -> Iterator[tuple[http.client.HTTPConnection, str]]:
+    """A connection to ``url``'s server, connected within ``timeout``, whose whole exchange
+    must end within ``seconds`` of now; closed when the block ends."""
+    deadline = time.monotonic() + seconds
     parts = urlsplit(url)
     cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     try:
-        conn = cls(parts.netloc, timeout=timeout, blocksize=BLOCK)
+        conn = cls(parts.netloc, timeout=min(timeout, seconds), blocksize=BLOCK)
     except (ValueError, http.client.HTTPException) as exc:  # a bad port, say
         raise CacheError(f"{url}: not a usable URL: {exc}") from exc
-    return conn, parts.path or "/"
+    try:
+        try:
+            conn.connect()
+        except (OSError, http.client.HTTPException) as exc:
+            raise _failure(url, exc) from exc
+        assert conn.sock is not None
+        conn.sock = _DeadlineSocket(conn.sock, timeout, deadline, seconds)
+        yield conn, parts.path or "/"
+    finally:
+        conn.close()
 
 
 def credentials(text: str | None = None) -> list[tuple[str, str]]:
@@ -97,16 +188,19 @@ def _headers(url: str, extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def _failure(url: str, exc: BaseException) -> CacheError:
+    if isinstance(exc, Overdue):
+        return CacheError(f"{url}: {exc} (the whole-transfer deadline)")
     if isinstance(exc, TimeoutError | socket.timeout):
         return CacheError(f"{url}: no answer within the timeout")
     return CacheError(f"{url}: {type(exc).__name__}: {exc}".rstrip(": "))
 
 
 @contextmanager
-def get(url: str, timeout: float) -> Iterator[http.client.HTTPResponse | None]:
-    """The open response to ``GET url``, or None when the server says 404 (a miss)."""
-    conn, path = _connect(url, timeout)
-    try:
+def get(url: str, timeout: float, size: int = 0
+        ) -> Iterator[http.client.HTTPResponse | None]:
+    """The open response to ``GET url``, or None when the server says 404 (a miss). The
+    whole exchange, headers and body, must end within :func:`budget` of ``size``."""
+    with _connection(url, timeout, budget(timeout, size)) as (conn, path):
         try:
             conn.request("GET", path, headers=_headers(url))
             resp = conn.getresponse()
@@ -118,14 +212,11 @@ def get(url: str, timeout: float) -> Iterator[http.client.HTTPResponse | None]:
         if resp.status != 200:
             raise CacheError(f"{url}: the server answered {resp.status} {resp.reason}")
         yield resp
-    finally:
-        conn.close()
 
 
 def read_all(url: str, timeout: float, limit: int) -> bytes | None:
     """The whole body of a small file (at most ``limit`` bytes, all within ``timeout``
-    seconds in total), or None on 404."""
-    deadline = time.monotonic() + timeout
+    seconds in total, headers included), or None on 404."""
     chunks: list[bytes] = []
     total = 0
     with get(url, timeout) as resp:
@@ -138,8 +229,6 @@ def read_all(url: str, timeout: float, limit: int) -> bytes | None:
                 total += len(chunk)
                 if total > limit:
                     raise CacheError(f"{url}: larger than {limit} bytes; not a cache record")
-                if time.monotonic() > deadline:
-                    raise CacheError(f"{url}: not received within {timeout:g}s")
         except (OSError, http.client.HTTPException) as exc:
             raise _failure(url, exc) from exc
     return b"".join(chunks)
@@ -169,15 +258,13 @@ def copy_to(
 
 def exists(url: str, timeout: float) -> int | None:
     """``HEAD url``: the size the server gives (-1 if none), or None when it has no such file."""
-    conn, path = _connect(url, timeout)
-    try:
-        conn.request("HEAD", path, headers=_headers(url))
-        resp = conn.getresponse()
-        resp.read()
-    except (OSError, http.client.HTTPException) as exc:
-        raise _failure(url, exc) from exc
-    finally:
-        conn.close()
+    with _connection(url, timeout, budget(timeout)) as (conn, path):
+        try:
+            conn.request("HEAD", path, headers=_headers(url))
+            resp = conn.getresponse()
+            resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise _failure(url, exc) from exc
     if resp.status in (404, 410):
         return None
     if resp.status != 200:
@@ -187,17 +274,16 @@ def exists(url: str, timeout: float) -> int | None:
 
 
 def put(url: str, body: Readable | bytes, size: int, timeout: float) -> None:
-    """``PUT url`` with ``size`` bytes from ``body``; any answer but 2xx is a CacheError."""
-    conn, path = _connect(url, timeout)
-    try:
-        conn.request("PUT", path, body=body, headers=_headers(url, {
-            "Content-Length": str(size), "Content-Type": "application/octet-stream"}))
-        resp = conn.getresponse()
-        text = resp.read(512).decode("utf-8", "replace").strip()
-    except (OSError, http.client.HTTPException) as exc:
-        raise _failure(url, exc) from exc
-    finally:
-        conn.close()
+    """``PUT url`` with ``size`` bytes from ``body`` (all within :func:`budget` of ``size``);
+    any answer but 2xx is a CacheError."""
+    with _connection(url, timeout, budget(timeout, size)) as (conn, path):
+        try:
+            conn.request("PUT", path, body=body, headers=_headers(url, {
+                "Content-Length": str(size), "Content-Type": "application/octet-stream"}))
+            resp = conn.getresponse()
+            text = resp.read(512).decode("utf-8", "replace").strip()
+        except (OSError, http.client.HTTPException) as exc:
+            raise _failure(url, exc) from exc
     if not 200 <= resp.status < 300:
         raise CacheError(f"{url}: PUT answered {resp.status} {resp.reason}"
                          + (f": {text.splitlines()[0][:200]}" if text else ""))

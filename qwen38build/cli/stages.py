@@ -73,7 +73,10 @@ def check_patch_files(loaded: LoadedRecipe) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """The arguments' own rules, checked before any command runs."""
+    from qwen38build.cache.config import offline_env
     from qwen38build.store.record import check_build_hash
+
+    offline_env()  # $QWEN38BUILD_OFFLINE is yes or no, for every command
 
     if args.store is not None and not args.store.strip():
         raise UsageError("command line: --store is empty.",

@@ -148,6 +148,7 @@ def realise(
     before it is committed), then built. Up to ``jobs`` steps run at once, each as soon as
     the steps it depends on are done (the cubins of every arch side by side).
     """
+    check_locked_sizes(tops, store)
     # Outputs' modes must not depend on the caller's umask. It is the process's: set once
     # for the whole call, not per step, so steps running side by side all see 022.
     old_umask = os.umask(0o022)
@@ -156,6 +157,26 @@ def realise(
                         substituters, jobs)
     finally:
         os.umask(old_umask)
+
+
+def check_locked_sizes(tops: list[Step], store: Store) -> None:
+    """A fixed output already in the store has the size its lock entry gives, or the lock
+    is bad input (LockError, before any step runs). Its digest is the file name and sha256
+    alone, so a wrong size would otherwise pass unseen while the entry is kept."""
+    from qwen38build.errors import LockError
+
+    for step in walk(tops):
+        size = step.hints.get("size")
+        if step.kind != "fetch" or type(size) is not int:
+            continue
+        entry = store.lookup(step.digest)
+        name = str(step.params["filename"])
+        out = entry.outputs.get(name) if entry is not None else None
+        got = out["size"] if out is not None else None
+        if type(got) is int and got != size:
+            raise LockError(f"lock/sources.json: {name}: size {size}, but the file of its "
+                            f"sha256 is {got} bytes.",
+                            hint="fix the size (or re-run `qwen38build lock`)")
 
 
 def _needed(tops: list[Step], store: Store, reporter: Reporter,

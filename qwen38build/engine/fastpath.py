@@ -82,8 +82,8 @@ def fingerprint(root: Path, files: list[str], dirs: list[str]) -> str:
 
 def closure_intact(store_root: Path, tops: list[str]) -> bool:
     """Every output of ``tops`` and of every entry their links reach has its recorded stat
-    (a link: its recorded target, one of the store's ``../<digest>/<name>`` shapes)."""
-    from qwen38build.store.entry import cheap_ok, is_digest, is_link_target
+    (a link: sound by what it points at, see store.entry.link_problem)."""
+    from qwen38build.store.entry import cheap_ok, is_digest, link_problem
 
     objects = os.path.join(store_root, "objects")
     todo, seen = list(tops), set()
@@ -95,14 +95,14 @@ def closure_intact(store_root: Path, tops: list[str]) -> bool:
         if not is_digest(digest):
             return False
         with open(os.path.join(objects, f"{digest}.json"), "rb") as f:
-            outputs = json.loads(f.read())["outputs"]
-        for name, rec in outputs.items():
-            if not cheap_ok(rec, os.path.join(objects, digest, name)):
-                return False
+            meta = json.loads(f.read())
+        for name, rec in meta["outputs"].items():
             if "link" in rec:
-                if not is_link_target(rec["link"]):
+                if link_problem(objects, digest, meta, name) is not None:
                     return False
                 todo.append(rec["link"].split("/")[1])
+            elif not cheap_ok(rec, os.path.join(objects, digest, name)):
+                return False
     return True
 
 
@@ -182,6 +182,9 @@ def try_noop(argv: list[str]) -> int | None:
         i += 2
     if argv[i : i + 1] != ["build"] or not all(v.strip() for v in opts.values()):
         return None  # an empty --store or --recipe is refused by the full CLI
+    if os.environ.get("QWEN38BUILD_OFFLINE", "").strip().lower() not in (
+            "", "0", "false", "no", "off", "1", "true", "yes", "on"):
+        return None  # neither yes nor no: the full CLI refuses it (cache/config.py)
     rest = argv[i + 1 :]
     while rest:
         arg = rest.pop(0)

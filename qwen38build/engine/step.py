@@ -14,8 +14,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qwen38build.digest import derivation_digest
+
 if TYPE_CHECKING:
     from qwen38build.store.records import Derivation
+
+__all__ = ["Step", "closure", "derivation_digest"]
 
 
 @dataclass(frozen=True)
@@ -58,17 +62,6 @@ class Step:
             if k == name:
                 return d
         raise KeyError(name)
-
-
-def derivation_digest(drv: Mapping[str, object]) -> str:
-    """The digest of a derivation: sha256 of its canonical JSON, the human name left out.
-
-    The one definition of what a digest covers: a step computes its own with it, and a
-    cache record's derivation is checked against its digest with it.
-    """
-    from qwen38build.digest import sha256_json
-
-    return sha256_json({k: v for k, v in drv.items() if k != "name"})
 
 
 def closure(top: Step) -> list[Step]:

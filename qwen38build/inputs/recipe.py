@@ -260,7 +260,16 @@ class LoadedRecipe:
 
 
 def load(path: Path) -> LoadedRecipe:
-    """Read and validate ``path``; raise RecipeError listing every problem found."""
+    """Read and validate ``path``; raise RecipeError listing every problem found.
+
+    The project is the folder the recipe is named in: a recipe that is a link resolving to
+    another folder (another checkout) is refused, never built from there."""
+    real = os.path.realpath(path)
+    if os.path.dirname(real) != os.path.realpath(os.path.dirname(os.path.abspath(path))):
+        raise RecipeError(str(path), [f"a link to {real}, outside the folder it is named in; "
+                                      "inputs stay inside the project"],
+                          hint="pass --recipe with the other project's own recipe.toml, or "
+                          "replace the link with the file")
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -339,6 +348,15 @@ def path_problems(loaded: LoadedRecipe) -> list[str]:
         why = outside_problem(root, rel, want=want)
         if why is not None:
             problems.append(f"{where}: {why}")
+    # lock/ is read by name, not from the recipe, but stays inside the project too, links
+    # resolved (never another checkout's lock); what it holds is the lock reader's check.
+    real_root = os.path.realpath(root)
+    for rel in ("lock", "lock/sources.json", "lock/pylock.toml", "lock/pylock.inputs.json"):
+        target = os.path.realpath(os.path.join(root, rel))
+        if os.path.commonpath([real_root, target]) != real_root:
+            problems.append(f"{rel}: {rel!r} leads outside the project (to {target}); keep "
+                            "the lock inside the project")
+            break
     return problems
 
 

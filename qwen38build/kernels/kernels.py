@@ -70,8 +70,10 @@ class Nvcc:
     def find_system(cls) -> Nvcc:
         """The ``nvcc`` on the caller's ``PATH``; used only when the user asked for it."""
         found = shutil.which("nvcc")
-        if found is None:
-            raise KernelBuildError(
+        if found is None:  # a request this machine cannot meet: bad input, before any work
+            from qwen38build.errors import UsageError
+
+            raise UsageError(
                 "the system nvcc was asked for (--system-nvcc or QWEN38BUILD_NVCC=system), "
                 "but no nvcc is on PATH.",
                 hint="drop the request to compile with the locked toolchain, or put nvcc on PATH",

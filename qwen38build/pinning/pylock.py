@@ -297,7 +297,7 @@ def check(loaded: LoadedRecipe) -> Path:
             f"{path}: its content changed since it was locked (sha256 {now[:16]}…, "
             f"{side.name} records {sha[:16]}…); {redo}."
         )
-    packages_of(path.read_text(encoding="utf-8"), str(path))
+    packages_of(read_text(path), str(path))
     entry = locked_vllm(loaded, lockmod.read(root))
     want: dict[str, object] = dict(inputs(loaded, entry))
     moved = [f"{k} {recorded.get(k)!r} → {want.get(k)!r}"
@@ -310,19 +310,43 @@ def check(loaded: LoadedRecipe) -> Path:
 # -- reading a lock --------------------------------------------------------------------------
 
 
+def read_text(path: Path) -> str:
+    """A pylock.toml's text; LockError (bad input) when it is not UTF-8."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LockError(f"{path}: not UTF-8 text (byte {exc.start}); TOML is UTF-8.",
+                        hint="run `qwen38build lock` to lock the Python environment again"
+                        ) from None
+
+
 def packages_of(text: str, where: str) -> dict[str, str]:
-    """name → version of every package of a pylock.toml; every artifact must carry a hash."""
+    """name → version of every package of a pylock.toml; every artifact must carry a hash.
+    Any other shape (``packages`` as a table, ``wheels = "x"``) is a LockError."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise LockError(f"{where}: not valid TOML: {exc}.") from None
+    packages = data.get("packages", [])
+    if not isinstance(packages, list):
+        raise LockError(f"{where}: packages must be an array of tables ([[packages]]), "
+                        f"not a {type(packages).__name__}.")
     out: dict[str, str] = {}
-    for i, pkg in enumerate(data.get("packages", [])):
+    for i, pkg in enumerate(packages):
+        if not isinstance(pkg, dict):
+            raise LockError(f"{where}: packages[{i}] must be a table.")
         name, version = pkg.get("name"), pkg.get("version")
         if not isinstance(name, str) or not isinstance(version, str):
             raise LockError(f"{where}: packages[{i}] has no name or version.")
-        artifacts = [*pkg.get("wheels", []), *([pkg["sdist"]] if "sdist" in pkg else [])]
-        if not artifacts or any(not a.get("hashes") for a in artifacts):
+        wheels, sdist = pkg.get("wheels", []), pkg.get("sdist")
+        if not isinstance(wheels, list) or (sdist is not None and not isinstance(sdist, dict)):
+            raise LockError(f"{where}: packages[{i}] ({name}): wheels must be an array of "
+                            "tables and sdist a table.")
+        artifacts = [*wheels, *([sdist] if sdist is not None else [])]
+        if not all(isinstance(a, dict) for a in artifacts):
+            raise LockError(f"{where}: packages[{i}] ({name}): each file must be a table.")
+        if not artifacts or any(not isinstance(a.get("hashes"), dict) or not a["hashes"]
+                                for a in artifacts):
             raise LockError(f"{where}: packages[{i}] ({name}) has a file without a hash.")
         out[canonicalize_name(name)] = version
     return out

@@ -106,6 +106,16 @@ def _package_path(raw: str, *, line: int, problems: list[Problem]) -> str | None
             "paths must be relative to the vllm/ package (a/<path>, b/<path>), without '..'",
         ))
         return rel
+    if p.name == "RECORD" or any(part.endswith(".dist-info") for part in p.parts):
+        # The wheel step writes the dist-info and its RECORD; a file named RECORD is read as
+        # wheel metadata wherever it lies, so the series may not carry one.
+        problems.append(Problem(
+            line, "diff-hygiene",
+            f"diff path {raw!r} is wheel metadata (a RECORD or a .dist-info file); the "
+            "wheel step writes those, the series changes the package only.",
+            "drop that file from the topic's commit and re-export",
+        ))
+        return rel
     return str(p)
 
 
@@ -127,8 +137,11 @@ def _is_diff_start(line: str) -> bool:
 
 # The only file modes a patch may give: a regular file, executable or not. A link
 # (120000) would make the wheel carry whatever the build machine's path holds; a gitlink
-# (160000) names another repository. A mode change is refused too: the wheel step writes
-# every member's mode from the pristine wheel, so it would be silently dropped.
+# (160000) names another repository. Executable bits, explicitly: a patched file keeps the
+# mode of its pristine wheel member (100755 in an index line only states that mode); a mode
+# change is refused, as the wheel step writes every member's mode from the pristine wheel
+# and would silently drop it; and a new file must be 100644, as the wheel writes the
+# members the series adds 0644 (new file mode 100755 is refused for the same reason).
 _MODES = ("100644", "100755")
 _MODE_LINE_RE = re.compile(
     r"^(?P<key>new file mode|deleted file mode|old mode|new mode|index [0-9a-f]+\.\.[0-9a-f]+)"
@@ -151,7 +164,14 @@ def _mode_problem(raw: str, *, line: int, problems: list[Problem]) -> None:
     if m is None:
         return
     key, mode = m.group("key"), m.group("mode")
-    if key in ("old mode", "new mode"):
+    if key == "new file mode" and mode == "100755":
+        problems.append(Problem(
+            line, "diff-hygiene",
+            "a new executable file (new file mode 100755); the wheel writes a file the "
+            "series adds as 0644, so its executable bit would be lost.",
+            "add it as a regular file (100644): the vllm package runs nothing by its mode",
+        ))
+    elif key in ("old mode", "new mode"):
         problems.append(Problem(
             line, "diff-hygiene",
             f"a mode change ({key} {mode}); the series may change file contents only.",

@@ -30,6 +30,7 @@ IMPLEMENTATION = (
     "qwen38build.cache.transport",
     "qwen38build.cache.config",
     "qwen38build.cache.signing",
+    "qwen38build.cache.transport",
     "qwen38build.wheels.record",
     "qwen38build.wheels.wheelzip",
 )

@@ -4,9 +4,12 @@ Reports, by entry and file: ``changed`` (bytes differ from the record), ``missin
 ``symlink`` (an output replaced by a link), ``not-a-file``, ``mode`` (a file or folder not
 read-only as sealed), ``stray`` (a file no record names: never used, but not ours),
 ``malformed`` (a record that is not JSON, lacks ``outputs``, or has wrong types),
-and ``unreadable``; and, as a ``leftover`` that is no damage, an output folder without a
-record (a writer killed between its two renames: never read, removed by the next build or
-gc). Never raises for what it finds in the store.
+``bad-link`` (a stack's link whose target is not an entry its derivation depends on, whose
+record lists that output with the sha256 the link recorded: see store.entry.link_problem),
+``foreign`` (an entry's name in ``objects/`` without a record that is not a plain folder,
+such as a link out of the store), and ``unreadable``; and, as a ``leftover`` that is no damage, a
+plain output folder without a record (a writer killed between its two renames: never
+read, removed by the next build or gc). Never raises for what it finds in the store.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import stat
 from dataclasses import dataclass
 
 from qwen38build.digest import sha256_file
-from qwen38build.store.entry import _well_formed, link_ok
+from qwen38build.store.entry import _well_formed, is_digest, link_problem
 from qwen38build.store.store import Store
 
 LEFTOVER = "leftover"
@@ -55,14 +58,31 @@ def verify(store: Store) -> list[Finding]:
     records = {n.removesuffix(".json") for n in names if n.endswith(".json")}
     for name in names:
         if not name.endswith(".json") and name not in records:
-            found.append(Finding(LEFTOVER, name, detail="output folder without a record, "
-                                 "left by a killed build; the next build or gc removes it"))
+            found.append(_unrecorded(store, name))
     for digest in sorted(records):
         try:
             found += _entry(store, digest)
         except OSError as exc:  # a folder we may not read: named, never a crash
             found.append(Finding("unreadable", digest, detail=str(exc)))
     return found
+
+
+def _unrecorded(store: Store, name: str) -> Finding:
+    """A name in objects/ without a record: a killed writer's folder, or something foreign."""
+    p = store.objects / name
+    if not is_digest(name):  # a writer's temp record (.<digest>.json.<pid>.<rand>.tmp)
+        return Finding(LEFTOVER, name, detail="a temporary file of a writer; gc removes it")
+    try:
+        st = os.lstat(p)
+    except OSError as exc:
+        return Finding("unreadable", name, detail=str(exc))
+    if stat.S_ISLNK(st.st_mode):
+        return Finding("foreign", name, detail=f"a link to {os.readlink(p)}; the store makes "
+                       "no linked folders, and a stack's link through it would leave the store")
+    if not stat.S_ISDIR(st.st_mode):
+        return Finding("foreign", name, detail="not a folder; the store never writes this")
+    return Finding(LEFTOVER, name, detail="output folder without a record, "
+                   "left by a killed build; the next build or gc removes it")
 
 
 def _entry(store: Store, digest: str) -> list[Finding]:
@@ -79,9 +99,9 @@ def _entry(store: Store, digest: str) -> list[Finding]:
     for name, rec in sorted(outputs.items()):
         p = folder / name
         if "link" in rec:
-            if not link_ok(rec, p):
-                found.append(Finding("changed", digest, name,
-                                     f"no longer a link to {rec['link']}"))
+            why = link_problem(store.objects, digest, meta, name)
+            if why is not None:
+                found.append(Finding("bad-link", digest, name, why))
             continue
         try:
             st = os.lstat(p)

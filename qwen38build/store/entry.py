@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
 
-from qwen38build.digest import sha256_bytes, sha256_file
+from qwen38build.digest import derivation_digest, sha256_bytes, sha256_file
 from qwen38build.errors import StoreError
 from qwen38build.files import (
     fsync_dir,
@@ -55,6 +56,57 @@ def link_ok(output: OutputRecord, path: str | Path) -> bool:
         return bool(os.readlink(path) == output["link"])
     except (OSError, ValueError):
         return False
+
+
+def link_problem(objects: str | Path, digest: str, meta: EntryRecord, name: str
+                 ) -> str | None:
+    """Why the link output ``name`` of entry ``digest`` (whose record is ``meta``) cannot be
+    served, or None when it is sound. Checked by what it points at, not by its text alone:
+
+    - it still reads as recorded, ``../<d>/<name>`` (its own name: a link never renames);
+    - ``d`` is an entry the link's own derivation depends on, and that derivation hashes to
+      ``digest``, so a record edited to point elsewhere (another entry's unpatched wheel)
+      fails;
+    - ``objects/<d>`` is a real folder (not a link out of the store) whose record lists
+      ``name`` as a file with the sha256 this record holds for it (``target_sha256``), and
+      ``objects/<d>/<name>`` is a regular file.
+
+    The target's bytes are its own entry's check. Stdlib only: the no-op calls it.
+    """
+    rec = meta["outputs"][name]
+    target = rec.get("link")
+    if not isinstance(target, str) or not link_ok(rec, os.path.join(objects, digest, name)):
+        return f"no longer a link to {target}"
+    if not is_link_target(target) or target.split("/")[2] != name:
+        return f"{target} is not ../<digest>/{name}"
+    dep = target.split("/")[1]
+    drv = meta.get("derivation")
+    try:
+        deps = {d for _, d in drv["deps"]} if isinstance(drv, dict) else set()
+        own = isinstance(drv, dict) and derivation_digest(drv) == digest
+    except (KeyError, TypeError, ValueError):
+        deps, own = set(), False
+    if not own:
+        return "its record's derivation does not hash to its digest"
+    if dep not in deps:
+        return f"points at {dep[:12]}, which its derivation does not depend on"
+    try:
+        if not stat.S_ISDIR(os.lstat(os.path.join(objects, dep)).st_mode):
+            return f"entry {dep[:12]} is not a folder of the store"
+        with open(os.path.join(objects, f"{dep}.json"), "rb") as f:
+            theirs = json.loads(f.read())
+        st = os.lstat(os.path.join(objects, dep, name))
+    except (OSError, ValueError) as exc:
+        return f"its target is unreadable: {exc}"
+    out = theirs.get("outputs") if isinstance(theirs, dict) else None
+    got = out.get(name) if isinstance(out, dict) else None
+    if not isinstance(got, dict) or "link" in got:
+        return f"entry {dep[:12]}'s record lists no file {name}"
+    if "target_sha256" not in rec or got.get("sha256") != rec["target_sha256"]:
+        return f"entry {dep[:12]}'s record lists {name} with another sha256"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{dep[:12]}/{name} is not a regular file"
+    return None
 
 
 def cheap_ok(output: OutputRecord, path: str | Path) -> bool:
@@ -124,16 +176,24 @@ class Entry:
                 "not one.", hint="run `qwen38build store verify`, then rebuild")
         return self.path / names[0]
 
+    def link_sound(self, name: str) -> bool:
+        return link_problem(self.path.parent, self.digest, self.meta, name) is None
+
+    def cheap_ok(self) -> bool:
+        """Every output has its sealed stat; every link is sound (see link_problem)."""
+        return all(self.link_sound(n) if "link" in rec else cheap_ok(rec, self.path / n)
+                   for n, rec in self.outputs.items())
+
     def bad_outputs(self, only: str | None = None) -> list[str]:
-        """Outputs (or just ``only``) whose bytes are not their recorded sha256; each file
-        is hashed once per stat by this process."""
+        """Outputs (or just ``only``) whose bytes are not their recorded sha256 (a link:
+        not sound); each file is hashed once per stat by this process."""
         bad = []
         for name, rec in self.outputs.items():
             if only is not None and name != only:
                 continue
             p = self.path / name
             if "link" in rec:
-                if not link_ok(rec, p):
+                if not self.link_sound(name):
                     bad.append(name)
                 continue
             try:

@@ -5,8 +5,10 @@ of each recipe), the indirect roots (``gcroots/auto/*``: links to projects' ``re
 links, followed as Nix follows gcroots/auto; one whose link is gone or points elsewhere is
 dropped), and the temporary roots of every live session (temproots.py). gc decides and
 deletes under ``gc.lock`` held exclusively, so a build's roots are either all seen or not yet
-taken, in which case the build has not looked anything up yet. Malformed roots and records
-are reported, never fatal; an entry whose record cannot be read is kept.
+taken, in which case the build has not looked anything up yet. A malformed root stops gc
+before it removes anything (exit 1): what it rooted cannot be told, so nothing may be taken
+as unrooted. Malformed records are reported, never fatal; an entry whose record cannot be
+read is kept.
 """
 
 from __future__ import annotations
@@ -57,7 +59,17 @@ def _rooted_builds(store: Store, report: Report, *, prune: bool) -> set[str]:
             raise StoreError(f"{folder}: the store's roots are not a folder here; gc removed "
                              "nothing, as it cannot tell what they keep.",
                              hint="move that file away (roots are folders of small files)")
-    out = set(roots(store, report.problems).values())
+    bad: list[str] = []
+    named = roots(store, bad)
+    bad += [f"{store.roots / name}.json: malformed root (build {b[:80]!r} is not a build hash)"
+            for name, b in sorted(named.items()) if not is_digest(b)]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise StoreError(f"{bad[0].removesuffix('; ignored')}{more}; gc removed nothing, as it "
+                         "cannot tell what that root keeps.",
+                         hint="fix or remove the root file (a build of its recipe writes it "
+                         "again), then run gc again")
+    out = set(named.values())
     if store.auto_roots.is_dir():
         objects = os.path.realpath(store.objects)
         for auto in sorted(store.auto_roots.iterdir()):

@@ -33,6 +33,7 @@ class OutputRecord(TypedDict):
     ino: NotRequired[int]
     ctime_ns: NotRequired[int]
     link: NotRequired[str]
+    target_sha256: NotRequired[str]  # a link: the sha256 its target entry records for it
 
 
 class EntryRecord(TypedDict):

@@ -44,7 +44,6 @@ from qwen38build.store.entry import (
     _seal,
     _stat_key,
     _well_formed,
-    cheap_ok,
     is_digest,
     stat_record,
 )
@@ -123,7 +122,7 @@ class Store:
         return path
 
     def cheap_ok(self, entry: Entry) -> bool:
-        return all(cheap_ok(rec, entry.path / name) for name, rec in entry.outputs.items())
+        return entry.cheap_ok()
 
     def entries(self) -> Iterator[str]:
         if not self.objects.is_dir():
@@ -248,6 +247,9 @@ class Store:
         out.mkdir()
         known = fill(out) or {}
         outputs = _seal(out, known)
+        for name, rec in outputs.items():
+            if "link" in rec:  # what it points at, by the sha256 its entry's record holds
+                rec["target_sha256"] = self._target_sha256(rec["link"], name)
         meta: EntryRecord = {
             "digest": digest,
             "derivation": derivation,
@@ -271,6 +273,16 @@ class Store:
             p = final / name
             _HASHED[str(p)] = _stat_key(os.lstat(p))
         return Entry(digest, final, meta)
+
+    def _target_sha256(self, target: str, name: str) -> str:
+        dep = target.split("/")[1]
+        theirs = self.lookup(dep)
+        got = theirs.outputs.get(name) if theirs is not None else None
+        if got is None or "link" in got:
+            raise StoreError(f"link {name} points at {target}, which no entry records as a "
+                             "file.")
+        sha: str = got["sha256"]
+        return sha
 
     def remove(self, digest: str) -> None:
         """Drop an entry (gc, or a corrupt entry about to be rebuilt); metadata first."""

@@ -136,7 +136,7 @@ def _make(loaded: LoadedRecipe, dest: Path, pylock: Path, wheels: list[Path], st
                what=f"install the built wheels into {dest}")
     site = site_packages(exe)
     _verify(store, loaded, site)
-    count = len(envlock.packages_of(pylock.read_text(encoding="utf-8"), str(pylock)))
+    count = len(envlock.packages_of(envlock.read_text(pylock), str(pylock)))
     return Made(dest, str(exe), site, count, tuple(w.name for w in wheels))
 
 
