@@ -26,12 +26,19 @@ def _modules() -> dict[str, Path]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Module → the package modules it imports anywhere in its source."""
+    """Module → the package modules it imports anywhere in its source, lazily included
+    (imports under ``if TYPE_CHECKING:`` are for annotations only: they never run)."""
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         edges: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and "TYPE_CHECKING" in ast.unparse(node.test)
+                       for child in node.body for n in ast.walk(child)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             if isinstance(node, ast.Import):
                 edges.update(a.name for a in node.names if a.name in modules)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

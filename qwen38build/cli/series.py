@@ -104,7 +104,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
     # so it loads the recipe's schema only.
     loaded = lint.load_for_lint(Path(args.recipe))
     # A listed patch that is missing is the same error as for build: nothing to lint.
-    from qwen38build.inputs.recipe import entry_problems
+    from qwen38build.inputs.layout import entry_problems
 
     missing = entry_problems(loaded)
     if missing:

@@ -42,6 +42,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from qwen38build.errors import PatchFileError, RecipeError
+from qwen38build.inputs import layout
 from qwen38build.inputs import recipe as recipe_mod
 from qwen38build.inputs.recipe import LoadedRecipe, SeriesEntry
 from qwen38build.lint import waivers
@@ -149,7 +150,7 @@ def load_for_lint(path: Path) -> LoadedRecipe:
         loaded = LoadedRecipe(model, Path(os.path.realpath(path)))
         # A path out of the project, a folder or a dangling link as a patch: the lint must
         # not read those either, so they stay errors; only listing problems become findings.
-        hard = recipe_mod.hard_problems(loaded, missing_ok=True)
+        hard = layout.hard_problems(loaded, missing_ok=True)
         if hard:
             raise RecipeError(str(path), hard) from None
         return loaded
@@ -166,7 +167,7 @@ def _series(ctx: Context) -> Iterator[Finding]:
         return next((no for no, text in enumerate(ctx.recipe_lines, start=1)
                      if text.strip().startswith("dir") and f'"{folder}"' in text), 1)
 
-    for p in recipe_mod.series_problems(ctx.loaded):
+    for p in layout.series_problems(ctx.loaded):
         at = dir_line(p.dir)
         line = ctx.recipe_line(f'"{p.name}"', at) if p.name else at
         file, name = ctx.root / p.dir / p.name, f"{p.dir}/{p.name}"
