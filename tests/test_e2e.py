@@ -54,8 +54,11 @@ def test_real_wheel_installs_and_verify_catches_one_byte(built: dict[str, str], 
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
+    # every wheel of the stack: verify checks each installed part (vLLM, its dist-info, pthfa)
+    outputs: dict[str, str] = json.loads(json.dumps(built))["outputs"]
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
-                    "--disable-pip-version-check", "--no-index", built["wheel"]],
+                    "--disable-pip-version-check", "--no-index", outputs["wheel"],
+                    outputs["pthfa"]],
                    check=True, capture_output=True)
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())

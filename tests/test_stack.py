@@ -103,12 +103,48 @@ def test_gc_keeps_every_part_the_stack_links_to(
 def test_verify_follows_result_through_the_stack(
     stack: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """verify covers every installed part of the build: the patched tree, its dist-info
+    and pthfa's wheel."""
     out = _build(stack, capsys)
+    outputs = out["outputs"]
+    assert isinstance(outputs, dict)
+    site = tmp_path / "site"
+    for wheel in (outputs["wheel"], outputs["pthfa"]):
+        with zipfile.ZipFile(str(wheel)) as z:
+            z.extractall(site)
+    assert stack.run("verify", str(site)) == 0
+    assert "holds exactly build" in capsys.readouterr().out
+    cubin = next((site / "pthfa" / "cubins").glob("*.cubin"))
+    cubin.write_bytes(cubin.read_bytes() + b"\0")
+    assert stack.run("verify", str(site)) == 1
+    assert f"drifted: pthfa/cubins/{cubin.name}" in capsys.readouterr().out
+    cubin.unlink()
+    (dist,) = site.glob("vllm-*.dist-info")
+    meta = dist / "METADATA"
+    meta.write_text(meta.read_text() + "Summary: edited\n")
+    assert stack.run("verify", str(site)) == 1
+    said = capsys.readouterr().out
+    assert f"missing: pthfa/cubins/{cubin.name}" in said
+    assert f"drifted: {dist.name}/METADATA" in said
+
+
+def test_verify_names_the_dist_info_of_another_build(
+    stack: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A site whose vLLM files are this build's but whose dist-info another build wrote is
+    not this build (the review's site said +q38.47e4f46b while verify said +q38.28922950)."""
+    out = _build(stack, capsys, "--only", "vllm")
     site = tmp_path / "site"
     with zipfile.ZipFile(str(out["wheel"])) as z:
         z.extractall(site)
-    assert stack.run("verify", str(site)) == 0
-    assert "holds exactly build" in capsys.readouterr().out
+    (dist,) = site.glob("vllm-*.dist-info")
+    other = site / "vllm-0.0.1+q38.deadbeef.dist-info"
+    meta = (dist / "METADATA").read_text()
+    version = next(ln for ln in meta.splitlines() if ln.startswith("Version: "))[9:]
+    dist.rename(other)
+    (other / "METADATA").write_text(meta.replace(version, version.split("+")[0] + "+q38.deadbeef"))
+    assert stack.run("verify", str(site)) == 1
+    assert "another-build (0.0.1+q38.deadbeef)" in capsys.readouterr().out
 
 
 def test_a_stack_build_reproduces(stack: Project, capsys: pytest.CaptureFixture[str]) -> None:

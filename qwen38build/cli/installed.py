@@ -18,6 +18,13 @@ if TYPE_CHECKING:
 
 
 def _manifest(args: argparse.Namespace) -> tuple[Manifest, Path]:
+    manifest, tree, _ = _build_parts(args)
+    return manifest, tree
+
+
+def _build_parts(args: argparse.Namespace) -> tuple[Manifest, Path, Path | None]:
+    """The build's wheel manifest, its patched tree, and its pthfa wheel (None for a build
+    without one, or whose pthfa wheel this store never held)."""
     from qwen38build.store.record import check_build_hash, read_build, roots
     from qwen38build.wheels.installed import read_manifest
 
@@ -43,7 +50,13 @@ def _manifest(args: argparse.Namespace) -> tuple[Manifest, Path]:
                          hint="remove it, and rebuild that build") from None
     # The patched wheel's own entry (a stack links to it): its manifest, re-hashed.
     store.verified(wheel_digest, "manifest.json")
-    return read_manifest(store.objects / wheel_digest), tree
+    pthfa = next((s for s in rec["steps"] if s["derivation"]["kind"] == "pthfa-wheel"
+                  and s["outputs"]), None)
+    pthfa_wheel = None
+    if pthfa is not None:
+        entry = store.get(check_build_hash(str(pthfa["digest"])))
+        pthfa_wheel = entry.the_output(".whl") if entry is not None else None
+    return read_manifest(store.objects / wheel_digest), tree, pthfa_wheel
 
 
 def _last_vllm_build(store: Store, known: dict[str, str]) -> str:
@@ -64,10 +77,21 @@ def _last_vllm_build(store: Store, known: dict[str, str]) -> str:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from qwen38build.wheels.installed import verify_tree
+    """Every installed part of the build: the patched vLLM tree, its dist-info, and pthfa
+    (when the build has it)."""
+    from qwen38build.wheels.installed import (
+        find_package,
+        verify_dist_info,
+        verify_tree,
+        verify_wheel_files,
+    )
 
-    manifest, _ = _manifest(args)
+    manifest, _, pthfa = _build_parts(args)
     problems = verify_tree(Path(args.path), manifest, full=args.full)
+    site = find_package(Path(args.path), str(manifest["package"])).parent
+    problems += verify_dist_info(site, manifest)
+    if pthfa is not None:
+        problems += verify_wheel_files(site, pthfa)
     ok = not problems
     text = (f"{args.path}: holds exactly build {manifest['local_version']}" if ok else
             "\n".join(str(p) for p in problems) + f"\n{len(problems)} difference(s)")

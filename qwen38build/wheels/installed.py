@@ -149,6 +149,49 @@ def _sizes(top: str, prefix: str) -> dict[str, int]:
     return out
 
 
+def verify_dist_info(site: Path, manifest: Manifest) -> list[Problem]:
+    """The installed vLLM's dist-info against the build: its METADATA must name this build's
+    version, or the pin itself (a tree ``apply`` wrote into, whose dist-info stays the
+    pristine one); where it is the build's own dist-info, every file the wheel's RECORD
+    lists for it (METADATA, WHEEL, entry points, ...) must hold those bytes."""
+    name, dist = str(manifest["name"]), str(manifest["dist_info"])
+    try:
+        version, found = installed_version(site, name)
+    except InputError:
+        return [Problem(f"{dist}/", "missing")]
+    if version not in (manifest["local_version"], manifest["version"]):
+        return [Problem(f"{found.name}/METADATA", f"another-build ({version})")]
+    if found.name != dist:
+        return []  # the pin's own dist-info: an applied tree, its files are pip's
+    problems = []
+    for member, (want, _size) in sorted(manifest["record"].items()):
+        if not member.startswith(dist + "/"):
+            continue
+        f = site / member
+        if not f.is_file():
+            problems.append(Problem(member, "missing"))
+        elif wheelrecord.hash_from_hex(sha256_file(f)) != want:
+            problems.append(Problem(member, "drifted"))
+    return problems
+
+
+def verify_wheel_files(site: Path, wheel: Path) -> list[Problem]:
+    """Every member an installed wheel's RECORD lists (pthfa's, with its cubins) against
+    the bytes the wheel in the store holds; files the installer adds are not the wheel's."""
+    from qwen38build.wheels.wheelzip import member_infos, read_record
+
+    dists = {n.split("/", 1)[0] for n in member_infos(wheel) if n.endswith(".dist-info/RECORD")}
+    problems = []
+    for dist in sorted(dists):
+        for member, (want, _size) in sorted(read_record(wheel, dist).items()):
+            f = site / member
+            if not f.is_file():
+                problems.append(Problem(member, "missing"))
+            elif wheelrecord.hash_from_hex(sha256_file(f)) != want:
+                problems.append(Problem(member, "drifted"))
+    return problems
+
+
 def installed_version(site: Path, name: str) -> tuple[str, Path]:
     """The version of ``name`` installed in ``site``, from its dist-info METADATA."""
     found = sorted(site.glob(f"{name}-*.dist-info"))

@@ -135,7 +135,7 @@ def _make(loaded: LoadedRecipe, dest: Path, pylock: Path, wheels: list[Path], st
                 "--quiet", *net, *map(str, wheels)],
                what=f"install the built wheels into {dest}")
     site = site_packages(exe)
-    _verify(store, loaded, site)
+    _verify(store, loaded, site, wheels[1])
     count = len(envlock.packages_of(envlock.read_text(pylock), str(pylock)))
     return Made(dest, str(exe), site, count, tuple(w.name for w in wheels))
 
@@ -149,12 +149,20 @@ def site_packages(exe: Path) -> Path:
     return Path(proc.stdout.strip())
 
 
-def _verify(store: Store, loaded: LoadedRecipe, site: Path) -> None:
-    """The installed vLLM holds exactly the build's bytes (the check ``verify`` makes)."""
-    from qwen38build.wheels.installed import read_manifest, verify_tree
+def _verify(store: Store, loaded: LoadedRecipe, site: Path, pthfa: Path) -> None:
+    """Every installed part holds exactly the build's bytes (the checks ``verify`` makes):
+    the patched vLLM tree, its dist-info, and the pthfa wheel's files."""
+    from qwen38build.wheels.installed import (
+        read_manifest,
+        verify_dist_info,
+        verify_tree,
+        verify_wheel_files,
+    )
 
     build = _part(loaded, "vllm").digest
-    problems = verify_tree(site, read_manifest(store.objects / build))
+    manifest = read_manifest(store.objects / build)
+    problems = [*verify_tree(site, manifest), *verify_dist_info(site, manifest),
+                *verify_wheel_files(site, pthfa)]
     if problems:
         raise CheckFailed(f"{site}: the installed vLLM differs from build {build[:12]}: "
                           + "; ".join(str(p) for p in problems[:5]) + ".")
