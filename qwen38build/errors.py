@@ -112,15 +112,22 @@ class KernelBuildError(Qwen38BuildError):
 
 
 class LintFailed(CheckFailed):
-    """The lint found broken rules; ``findings`` holds each one (its ``str()`` is a line)."""
+    """The lint found broken rules; ``findings`` holds each one (its ``str()`` is a line).
+
+    Bad input (exit 2): every finding names a file and a line of the series or the recipe,
+    and nothing was applied or stored. The findings are listed where they are found (the
+    build's stderr, the lint's stdout); the error itself is one line.
+    """
+
+    exit_code = ExitCode.BAD_INPUT
 
     def __init__(self, findings: Sequence[object], *, hint: str | None = None) -> None:
         self.findings = findings
-        noun = "rule is" if len(findings) == 1 else "rules are"
-        lines = "\n".join(f"  {f}" for f in findings)
+        first = str(findings[0]) if findings else "no finding"
+        more = f" (and {len(findings) - 1} more, listed above)" if len(findings) > 1 else ""
         super().__init__(
-            f"{len(findings)} ledger {noun} broken:\n{lines}",
-            hint=hint or "each line names the file, the line and the rule; fix the patch "
+            f"{len(findings)} ledger rule(s) broken: {first}{more}",
+            hint=hint or "each finding names the file, the line and the rule; fix the patch "
             "file's commit and re-export, then run qwen38build lint again",
         )
 
@@ -164,6 +171,8 @@ def as_json(exc: Qwen38BuildError) -> dict[str, object]:
     }
     if isinstance(exc, RecipeError):
         out["file"], out["problems"] = exc.path, exc.problems
+    if isinstance(exc, LintFailed):
+        out["problems"] = [str(f) for f in exc.findings]
     return out
 
 

@@ -1382,7 +1382,7 @@ def test_lint_reports_unsafe_patch_files_as_findings(
     env.patch(body)
     from qwen38build.cli import main
 
-    assert main(["--recipe", str(env.recipe), "--store", str(env.store), "lint"]) == 1
+    assert main(["--recipe", str(env.recipe), "--store", str(env.store), "lint"]) == 2
     out = capsys.readouterr().out
     assert f"patches/route-fix.patch{finding}" in out, out
 

@@ -187,8 +187,9 @@ def test_finding_reads_file_line_rule_message(project: Path) -> None:
     f = Finding(Path("patches/x.patch"), 7, "headers", "header 'What' is missing.", "add it")
     assert str(f) == "patches/x.patch:7: [headers] header 'What' is missing."
     err = LintFailed([f])
-    assert "1 ledger rule is broken:\n  patches/x.patch:7: [headers]" in str(err)
-    assert err.exit_code == 1
+    assert str(err) == ("1 ledger rule(s) broken: patches/x.patch:7: [headers] header 'What' "
+                        "is missing.")
+    assert err.exit_code == 2  # bad input: the file and line are named, nothing was applied
 
 
 # -- headers -----------------------------------------------------------------------------

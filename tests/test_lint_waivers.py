@@ -37,7 +37,7 @@ def test_a_finding_stops_the_build_until_it_is_waived(
     project: Project, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _drop_upstream_header(project)
-    assert project.run("build", "--no-link") == 1
+    assert project.run("build", "--no-link") == 2
     assert "[headers]" in capsys.readouterr().err
     _waive(project)
     assert project.run("build", "--no-link", "--json") == 0
@@ -67,7 +67,7 @@ def test_a_waiver_that_matches_nothing_is_a_finding(
     project: Project, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _waive(project)  # the header is there: nothing to waive
-    assert project.run("build", "--no-link") == 1
+    assert project.run("build", "--no-link") == 2
     err = capsys.readouterr().err
     assert "[waivers] the waiver of headers in route-fix matches no finding" in err
 
@@ -77,7 +77,7 @@ def test_a_waiver_can_single_out_one_finding_by_its_text(
 ) -> None:
     _drop_upstream_header(project)
     _waive(project, WAIVER + 'contains = "no such words"\n')
-    assert project.run("build", "--no-link") == 1
+    assert project.run("build", "--no-link") == 2
     err = capsys.readouterr().err
     assert "[headers]" in err and "matches no finding" in err
 

@@ -75,6 +75,8 @@ def _build_held(
     else:
         findings, waived = lint.check_waived(loaded, rules=("provenance",))
     if findings:
+        for f in findings:
+            print(f"lint: {f}", file=sys.stderr)
         raise LintFailed(findings, hint="nothing was applied; fix them, or run "
                          "`qwen38build lint` for each finding's hint")
     said = [str(w) for w in waived]

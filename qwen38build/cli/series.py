@@ -9,6 +9,7 @@ from qwen38build.cli.build import pristine_wheel
 from qwen38build.errors import (
     CheckFailed,
     ExitCode,
+    LintFailed,
     Qwen38BuildError,
     RecipeError,
     TableStale,
@@ -120,8 +121,8 @@ def cmd_lint(args: argparse.Namespace) -> int:
         print(f)
         print(f"  hint: {f.hint}")
     if findings:
-        raise CheckFailed(f"{len(findings)} lint finding(s) above.",
-                          hint="fix each as its hint says, then run `qwen38build lint` again")
+        raise LintFailed(findings,
+                         hint="fix each as its hint says, then run `qwen38build lint` again")
     print("lint: clean")
     return ExitCode.OK
 
