@@ -10,19 +10,22 @@ build outputs are not sources and are passed over.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from qwen38build.digest import sha256_file
 from qwen38build.errors import InputError
 
 MANIFEST = "MANIFEST"
+# The tree's own bookkeeping, not its sources.
+PIN_FILES = ("PIN", MANIFEST)
 _LINE = re.compile(r"^(?P<sha>[0-9a-f]{64})  (?P<path>\S.*)$")
-# Not sources: byte code and what a build leaves beside the sources.
-SKIPPED_DIRS = frozenset({"__pycache__"})
-SKIPPED_SUFFIXES = (".pyc", ".cubin", ".ptx", ".whl")
+# Never sources, whatever the tree's .gitignore says: byte code, measured evidence.
+ALWAYS_IGNORED = ("__pycache__/", "*.pyc", "/results/")
 _HINT = ("keep regular files only in the tree, list them with their sha256 in its MANIFEST "
          "(pthfa: python3 pthfa/manifest.py), and build again")
 
@@ -53,8 +56,10 @@ def manifest_files(root: Path, sub: str, *, suffixes: tuple[str, ...] | None = N
     if top.is_symlink() or not top.is_dir():
         raise InputError(f"{top}: not a folder of the tree (a link, or missing).", hint=_HINT)
     found: list[tuple[str, Path]] = []
+    ignore = ignore_patterns(root)
     for dirpath, dirnames, filenames in os.walk(top):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS)
+        dirnames[:] = sorted(d for d in dirnames
+                             if not ignored(_rel(root, Path(dirpath, d)) + "/x", ignore))
         for name in [*dirnames, *sorted(filenames)]:
             path = Path(dirpath, name)
             mode = os.lstat(path).st_mode
@@ -66,9 +71,10 @@ def manifest_files(root: Path, sub: str, *, suffixes: tuple[str, ...] | None = N
             if not stat.S_ISREG(mode):
                 raise InputError(f"{path}: not a regular file (a device, pipe or socket).",
                                  hint=_HINT)
-            if name.endswith(SKIPPED_SUFFIXES) or (suffixes and not name.endswith(suffixes)):
-                continue
             rel = path.relative_to(root).as_posix()
+            if rel in PIN_FILES or ignored(rel, ignore) or (
+                    suffixes and not name.endswith(suffixes)):
+                continue
             want = listed.get(rel)
             if want is None:
                 raise InputError(f"{path}: not listed in {root.name}/{MANIFEST}.", hint=_HINT)
@@ -77,3 +83,53 @@ def manifest_files(root: Path, sub: str, *, suffixes: tuple[str, ...] | None = N
                                  hint=_HINT)
             found.append((path.relative_to(top).as_posix(), path))
     return sorted(found)
+
+
+def source_files(root: Path) -> list[str]:
+    """The files of the tree ``root`` that its MANIFEST must list: every file but PIN,
+    MANIFEST and what is ignored (byte code, results/, and the tree's own ``.gitignore``:
+    simple patterns such as ``*.cubin`` or ``/build/``, so kernels built in place are not
+    sources). The one definition of a vendored tree's sources: the lint checks MANIFEST
+    against it, a build reads the tree through :func:`manifest_files`."""
+    patterns = ignore_patterns(root)
+    out: list[str] = []
+    for path in sorted(root.rglob("*")):
+        if not path.is_file():
+            continue
+        rel = path.relative_to(root).as_posix()
+        if rel in PIN_FILES or ignored(rel, patterns):
+            continue
+        out.append(rel)
+    return out
+
+
+def ignore_patterns(root: Path) -> list[str]:
+    """:data:`ALWAYS_IGNORED` and the simple patterns of ``root/.gitignore``."""
+    try:
+        text = (root / ".gitignore").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    own = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    return [*ALWAYS_IGNORED, *own]
+
+
+def ignored(rel: str, patterns: Iterable[str]) -> bool:
+    """Whether the tree-relative path ``rel`` matches a .gitignore-style pattern: ``dir/``
+    matches a folder on the path, a leading ``/`` (or an inner one) anchors at the top."""
+    parts = rel.split("/")
+    for pattern in patterns:
+        directory = pattern.endswith("/")
+        pat = pattern.strip("/")
+        anchored = pattern.startswith("/") or "/" in pat
+        candidates = parts[:-1] if directory else parts
+        if anchored:
+            prefixes = ["/".join(parts[: k + 1]) for k in range(len(candidates))]
+            if any(fnmatch.fnmatchcase(p, pat) for p in prefixes):
+                return True
+        elif any(fnmatch.fnmatchcase(c, pat) for c in candidates):
+            return True
+    return False
+
+
+def _rel(root: Path, path: Path) -> str:
+    return path.relative_to(root).as_posix()

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
+from qwen38build.inputs.tree import source_files
 from qwen38build.lint.finding import Context, Finding
 
 HEX_RE = re.compile(r"[0-9a-fA-F]{7,40}")
 _MANIFEST_RE = re.compile(r"^(?P<sha>[0-9a-f]{64})  (?P<path>\S.*)$")
-_PIN_FILES = ("PIN", "MANIFEST")
-_ALWAYS_IGNORED = ("__pycache__/", "*.pyc", "/results/")
 
 
 
@@ -176,42 +174,5 @@ def _manifest(ctx: Context, folder: Path, manifest_path: Path) -> Iterator[Findi
 
 
 def vendored_files(folder: Path) -> list[str]:
-    """Files under ``folder`` a manifest covers: all but PIN, MANIFEST and ignored build output.
-
-    The folder's own ``.gitignore`` (simple patterns: ``*.cubin``, ``/build/``) is honoured,
-    so kernels compiled in place do not count as vendored files.
-    """
-    patterns = [*_ALWAYS_IGNORED, *_gitignore(folder / ".gitignore")]
-    out: list[str] = []
-    for path in sorted(folder.rglob("*")):
-        if not path.is_file():
-            continue
-        rel = path.relative_to(folder).as_posix()
-        if rel in _PIN_FILES or _ignored(rel, patterns):
-            continue
-        out.append(rel)
-    return out
-
-
-def _gitignore(path: Path) -> list[str]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return []
-    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
-
-
-def _ignored(rel: str, patterns: Iterable[str]) -> bool:
-    parts = rel.split("/")
-    for pattern in patterns:
-        directory = pattern.endswith("/")
-        pat = pattern.strip("/")
-        anchored = pattern.startswith("/") or "/" in pat
-        candidates = parts[:-1] if directory else parts
-        if anchored:
-            prefixes = ["/".join(parts[: k + 1]) for k in range(len(candidates))]
-            if any(fnmatch.fnmatchcase(p, pat) for p in prefixes):
-                return True
-        elif any(fnmatch.fnmatchcase(c, pat) for c in candidates):
-            return True
-    return False
+    """Files under ``folder`` its MANIFEST must cover (``inputs.tree.source_files``)."""
+    return source_files(folder)
