@@ -163,16 +163,8 @@ def verify_dist_info(site: Path, manifest: Manifest) -> list[Problem]:
         return [Problem(f"{found.name}/METADATA", f"another-build ({version})")]
     if found.name != dist:
         return []  # the pin's own dist-info: an applied tree, its files are pip's
-    problems = []
-    for member, (want, _size) in sorted(manifest["record"].items()):
-        if not member.startswith(dist + "/"):
-            continue
-        f = site / member
-        if not f.is_file():
-            problems.append(Problem(member, "missing"))
-        elif wheelrecord.hash_from_hex(sha256_file(f)) != want:
-            problems.append(Problem(member, "drifted"))
-    return problems
+    return _against_record(site, {m: str(v[0]) for m, v in manifest["record"].items()
+                                  if m.startswith(dist + "/")})
 
 
 def verify_wheel_files(site: Path, wheel: Path) -> list[Problem]:
@@ -181,14 +173,19 @@ def verify_wheel_files(site: Path, wheel: Path) -> list[Problem]:
     from qwen38build.wheels.wheelzip import member_infos, read_record
 
     dists = {n.split("/", 1)[0] for n in member_infos(wheel) if n.endswith(".dist-info/RECORD")}
+    return _against_record(site, {m: h for d in sorted(dists)
+                                  for m, (h, _size) in read_record(wheel, d).items()})
+
+
+def _against_record(site: Path, hashes: dict[str, str]) -> list[Problem]:
+    """Each member (RECORD hash by site-relative path) missing from ``site`` or drifted."""
     problems = []
-    for dist in sorted(dists):
-        for member, (want, _size) in sorted(read_record(wheel, dist).items()):
-            f = site / member
-            if not f.is_file():
-                problems.append(Problem(member, "missing"))
-            elif wheelrecord.hash_from_hex(sha256_file(f)) != want:
-                problems.append(Problem(member, "drifted"))
+    for member, want in sorted(hashes.items()):
+        f = site / member
+        if not f.is_file():
+            problems.append(Problem(member, "missing"))
+        elif wheelrecord.hash_from_hex(sha256_file(f)) != want:
+            problems.append(Problem(member, "drifted"))
     return problems
 
 
