@@ -89,7 +89,7 @@ def check_args(args: argparse.Namespace) -> None:
             check_build_hash(value)
     if getattr(args, "jobs", 1) < 1:
         raise UsageError(f"command line: --jobs {args.jobs} must be 1 or more.",
-                         hint="give how many arches to compile at once")
+                         hint="give how many steps to run at once (1 runs them one by one)")
 
 
 def check_archs(loaded: LoadedRecipe, wanted: list[str] | None) -> list[str] | None:
