@@ -34,7 +34,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     # Every project file read from here on is an input of the no-op's key.
     with Collector(recipe_dir, (*default_excludes(), str(store.root))) as reads:
         loaded = stages.load_recipe(args)
-        plan = stages.load_plan(loaded, only=only(args), system_nvcc=args.system_nvcc)
+        plan = stages.load_plan(loaded, only=only(args), system_nvcc=args.system_nvcc,
+                                with_=stages.with_groups(args))
         stages.check_patch_files(loaded)  # every input is valid before the store is touched
         reporter = make_reporter(quiet=args.quiet)
         # One store session for the whole build: its temporary roots keep everything it
@@ -83,15 +84,17 @@ def _build_held(
     for line in said:  # on every build, the no-op's included
         print(f"lint: {line}", file=sys.stderr)
     outcomes = realise([plan.top], store, reporter, substituters=subs, jobs=args.jobs)
+    groups = built_groups(plan)
     record.write_build(store, plan.top, outcomes, root_name=stages.root_name(loaded),
-                       waived=said)
+                       waived=said, groups=groups)
     outputs = _outputs(plan, outcomes)
     files, dirs = reads.inputs()
     fastpath.save(store.root, loaded.path, files, dirs, plan.build_hash, outputs,
-                  only=only(args), system_nvcc=args.system_nvcc, waived=said)
+                  only=only(args), system_nvcc=args.system_nvcc, waived=said,
+                  with_=stages.with_groups(args), groups=groups)
     drop_dead_temps(loaded.root, ".result.")  # a killed build's half-made link
     code = report_build(store.root, plan.build_hash, outputs, loaded.root,
-                        link=not args.no_link, as_json=args.json)
+                        link=not args.no_link, as_json=args.json, groups=groups)
     if code is None:  # cannot happen while this build's temporary roots hold it
         raise StoreError(f"build {plan.build_hash[:12]} left the store mid-build.")
     return code
@@ -108,6 +111,14 @@ def _outputs(plan: Plan, outcomes: dict[str, Outcome]) -> list[list[str]]:
         name = entry.the_output(".whl").name if part != "pylock" else step.inputs[0][0]
         out.append([label, step.digest, name])
     return out
+
+
+def built_groups(plan: Plan) -> list[str] | None:
+    """The series groups the build applies, in order; None when it applies none (a build
+    without the vllm part)."""
+    if "vllm" not in plan.targets:
+        return None
+    return [str(g) for g in plan.targets["patch"].params["groups"]]
 
 
 def pristine_wheel(store: Store, plan: Plan) -> Path | None:

@@ -63,8 +63,20 @@ def _jobs(p: Any, what: str) -> None:
                    help=f"{what} at once (default: the number of cores)")
 
 
+def _with(p: Any) -> None:
+    p.add_argument("--with", action="append", dest="with_", metavar="GROUP",
+                   help="add this optional series group (e.g. kvarn; repeatable or "
+                   "comma-separated); the build hash says which groups were built")
+
+
+def _plan(p: Any) -> None:
+    _system_nvcc(p)
+    _with(p)
+
+
 def _build(p: Any) -> None:
     _jobs(p, "steps built")
+    _with(p)
     p.add_argument("--only", action="append", metavar="OUTPUT",
                    help="build only these outputs: vllm, pthfa, pylock (repeatable or "
                    "comma-separated; default: the recipe's [build] outputs)")
@@ -175,7 +187,7 @@ COMMANDS: tuple[Command, ...] = (
             "arch, the checked environment lock (cache hits do no work)",
             "build:cmd_build", _build, json=True),
     Command("plan", "list the steps, their digests and whether each is built",
-            "inspect:cmd_plan", _system_nvcc, json=True),
+            "inspect:cmd_plan", _plan, json=True),
     Command("show", "print a step's whole derivation", "inspect:cmd_show", _step),
     Command("why", "say which inputs changed since the last build of a step",
             "inspect:cmd_why", _step),

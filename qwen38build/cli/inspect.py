@@ -21,7 +21,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from qwen38build.engine.step import walk
 
     loaded = stages.load_recipe(args)
-    plan = stages.load_plan(loaded)
+    plan = stages.load_plan(loaded, with_=stages.with_groups(args))
     store = stages.open_store(args)
     declared = [{"name": d.name, "status": d.reason} for d in plan.declared]
     tops = [plan.top]

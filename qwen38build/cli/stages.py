@@ -52,14 +52,22 @@ def load_recipe(args: argparse.Namespace) -> LoadedRecipe:
 
 
 def load_plan(
-    loaded: LoadedRecipe, *, only: list[str] | None = None, system_nvcc: bool = False
+    loaded: LoadedRecipe, *, only: list[str] | None = None, system_nvcc: bool = False,
+    with_: list[str] | None = None,
 ) -> Plan:
     from qwen38build.engine.plan import make_plan
     from qwen38build.inputs import lock
     from qwen38build.kernels.kernels import system_nvcc_requested
 
     return make_plan(loaded, lock.read(loaded.root), only=only,
-                     system_nvcc=system_nvcc_requested(system_nvcc))
+                     system_nvcc=system_nvcc_requested(system_nvcc), with_=with_ or ())
+
+
+def with_groups(args: argparse.Namespace) -> list[str]:
+    """The optional groups ``--with`` adds, each once, in order."""
+    from qwen38build.engine.fastpath import with_requested
+
+    return with_requested(getattr(args, "with_", None) or [])
 
 
 def check_patch_files(loaded: LoadedRecipe) -> None:

@@ -2,8 +2,9 @@
 
 Validating the recipe (pydantic), planning, and even building the argument parser cost
 more than the whole no-op budget. So a successful build leaves ``fastpath/<key>.json``,
-keyed by the request: the recipe's real path and bytes, the outputs asked for (``--only``)
-and the compiler asked for (``--system-nvcc``, ``$QWEN38BUILD_NVCC``). It holds every
+keyed by the request: the recipe's real path and bytes, the outputs asked for (``--only``),
+the optional series groups added (``--with``) and the compiler asked for
+(``--system-nvcc``, ``$QWEN38BUILD_NVCC``). It holds every
 project file and folder the build read (collected by :mod:`qwen38build.engine.reads`, not
 listed by hand), a fingerprint over their bytes, real paths and the folders' listings and
 the engine's code, the stat of every machine program whose identity is in a digest (GNU
@@ -43,12 +44,19 @@ def requested(values: list[str] | None) -> list[str] | None:
     return list(dict.fromkeys(n.strip() for v in values for n in v.split(",") if n.strip()))
 
 
-def _key(recipe_real: str, recipe_bytes: bytes, only: list[str] | None, system_nvcc: bool
-         ) -> str:
+def with_requested(values: list[str]) -> list[str]:
+    """``--with`` values as the plan takes them (``inputs.groups.requested``, kept here
+    in the standard library): split at commas, stripped, each once, in order."""
+    return list(dict.fromkeys(n.strip().rstrip("/") for v in values for n in v.split(",")
+                              if n.strip()))
+
+
+def _key(recipe_real: str, recipe_bytes: bytes, only: list[str] | None, system_nvcc: bool,
+         with_: list[str] | None = None) -> str:
     env = "\0".join(os.environ.get(k, "") for k in PLAN_ENV)
     wanted = "default" if only is None else ",".join(only)
     head = (f"qwen38build {__version__}\0{FORMAT}\0{recipe_real}\0{env}\0{wanted}\0"
-            f"{int(system_nvcc)}\0").encode()
+            f"{int(system_nvcc)}\0{','.join(with_ or [])}\0").encode()
     return hashlib.sha256(head + recipe_bytes).hexdigest()
 
 
@@ -108,7 +116,7 @@ def closure_intact(store_root: Path, tops: list[str]) -> bool:
 
 def lookup(
     store_root: Path, recipe_path: Path, *, only: list[str] | None = None,
-    system_nvcc: bool = False,
+    system_nvcc: bool = False, with_: list[str] | None = None,
 ) -> NoopRecord | None:
     """The recorded answer for this request if every input and output is as recorded."""
     from qwen38build.engine.tools import stamp
@@ -116,7 +124,7 @@ def lookup(
     try:
         real = os.path.realpath(recipe_path)
         with open(real, "rb") as f:
-            key = _key(real, f.read(), only, system_nvcc)
+            key = _key(real, f.read(), only, system_nvcc, with_)
         with open(os.path.join(store_root, DIR, f"{key}.json"), "rb") as f:
             rec: NoopRecord = json.loads(f.read())
         root = Path(os.path.dirname(real))
@@ -134,7 +142,8 @@ def lookup(
 def save(
     store_root: Path, recipe_path: Path, files: list[str], dirs: list[str], build: str,
     outputs: list[list[str]], *, only: list[str] | None = None, system_nvcc: bool = False,
-    waived: list[str] | None = None,
+    waived: list[str] | None = None, with_: list[str] | None = None,
+    groups: list[str] | None = None,
 ) -> None:
     """Record a successful build for the next no-op of the same request (atomically).
 
@@ -147,11 +156,12 @@ def save(
     real = os.path.realpath(recipe_path)
     root = Path(os.path.dirname(real))
     with open(real, "rb") as f:
-        key = _key(real, f.read(), only, system_nvcc)
+        key = _key(real, f.read(), only, system_nvcc, with_)
     tools = used()
     rec: NoopRecord = {"root": str(root), "files": files, "dirs": dirs,
            "fp": fingerprint(root, files, dirs), "tools": tools, "stamp": stamp(tools),
-           "build": build, "outputs": outputs, "waived": list(waived or [])}
+           "build": build, "outputs": outputs, "waived": list(waived or []),
+           "groups": groups}
     from qwen38build.store.store import Store
 
     Store(store_root).write_json(store_root / DIR / f"{key}.json", rec)
@@ -167,8 +177,8 @@ def _jobs_value(arg: str) -> int:
 
 
 def try_noop(argv: list[str]) -> int | None:
-    """Answer ``[--recipe R] [--store S] build [--only O]... [--system-nvcc] [-j N]
-    [--no-link] [-q] [--json]`` from the record.
+    """Answer ``[--recipe R] [--store S] build [--only O]... [--with G]... [--system-nvcc]
+    [-j N] [--no-link] [-q] [--json]`` from the record.
 
     Returns None for any other command line, or when anything changed: then the full CLI
     runs. Kept to exactly the flags it understands, so it can never mean something else.
@@ -176,6 +186,7 @@ def try_noop(argv: list[str]) -> int | None:
     opts: dict[str, str] = {}
     flags: set[str] = set()
     only: list[str] = []
+    with_: list[str] = []
     i = 0
     while i < len(argv) and argv[i] in ("--recipe", "--store") and i + 1 < len(argv):
         opts[argv[i]] = argv[i + 1]
@@ -192,6 +203,10 @@ def try_noop(argv: list[str]) -> int | None:
             only.append(rest.pop(0))
         elif arg.startswith("--only="):
             only.append(arg.removeprefix("--only="))
+        elif arg == "--with" and rest:
+            with_.append(rest.pop(0))
+        elif arg.startswith("--with="):
+            with_.append(arg.removeprefix("--with="))
         elif arg in _FLAGS:
             flags.add(arg)
         elif arg in ("-j", "--jobs") and rest and rest[0].isdigit() and int(rest[0]) > 0:
@@ -207,7 +222,8 @@ def try_noop(argv: list[str]) -> int | None:
 
     store = Path(opts["--store"]) if "--store" in opts else default_root()
     recipe = Path(opts.get("--recipe", "recipe.toml"))
-    rec = lookup(store, recipe, only=wanted, system_nvcc="--system-nvcc" in flags)
+    rec = lookup(store, recipe, only=wanted, system_nvcc="--system-nvcc" in flags,
+                 with_=with_requested(with_))
     if rec is None:
         return None
     from qwen38build.engine.result import report_build
@@ -215,4 +231,5 @@ def try_noop(argv: list[str]) -> int | None:
     for line in rec.get("waived", []):  # a waiver is said on every build
         print(f"lint: {line}", file=sys.stderr)
     return report_build(store, rec["build"], rec["outputs"], Path(rec["root"]),
-                        link="--no-link" not in flags, as_json="--json" in flags)
+                        link="--no-link" not in flags, as_json="--json" in flags,
+                        groups=rec.get("groups"))

@@ -14,6 +14,7 @@ buildable content yet are listed as declared, with the reason, and never as step
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from qwen38build.digest import sha256_file
 from qwen38build.engine.step import Step
 from qwen38build.engine.tools import identity
 from qwen38build.inputs import lock as lockmod
-from qwen38build.inputs.recipe import LoadedRecipe
+from qwen38build.inputs.groups import built_groups, not_built, overlay_of
+from qwen38build.inputs.recipe import Group, LoadedRecipe
 from qwen38build.inputs.tree import manifest_files
 from qwen38build.steps import implementation
 
@@ -63,23 +65,15 @@ def fetch_step(loaded: LoadedRecipe, entry: lockmod.LockedWheel) -> Step:
 
 def make_plan(
     loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel], *,
-    only: list[str] | None = None, system_nvcc: bool = False,
+    only: list[str] | None = None, system_nvcc: bool = False, with_: Sequence[str] = (),
 ) -> Plan:
     """The whole graph of a recipe (or of the outputs in ``only``); pure but for hashing
-    the input files and checking the environment lock."""
+    the input files and checking the environment lock. ``with_`` names the optional groups
+    this build adds (UsageError for a name that is none)."""
     entry = lockmod.locked_vllm(loaded, locked)
     fetch = fetch_step(loaded, entry)
-    series = loaded.series_entries()
-    inputs = tuple((e.row_name, sha256_file(e.path)) for e in series)
-    patch = Step(
-        kind="patch", implementation=implementation("patch"), name="series",
-        # GNU patch is the machine's: the release the recipe names is part of what the step
-        # is (checked against the machine's where the series is applied).
-        params={"package": "vllm", "series": [e.row_name for e in series],
-                "gnu_patch": loaded.recipe.toolchain.gnu_patch},
-        inputs=inputs, deps=(("wheel", fetch),),
-        input_paths={e.row_name: e.path for e in series},
-    )
+    built = built_groups(loaded, with_)
+    patch = patch_step(loaded, built, fetch)
     wheel = Step(
         kind="wheel", implementation=implementation("wheel"),
         name=f"{entry.name}-{entry.version}+q38",
@@ -108,7 +102,35 @@ def make_plan(
         name=f"{entry.name}-{entry.version}-stack", params={"outputs": list(parts)},
         deps=tuple(parts.items()),
     )
-    return Plan(top=top, targets=targets, declared=declared_parts(loaded))
+    return Plan(top=top, targets=targets, declared=declared_parts(loaded, built))
+
+
+def patch_step(loaded: LoadedRecipe, built: list[Group], fetch: Step) -> Step:
+    """The series of the ``built`` groups applied to the fetched wheel. Each group's overlay
+    files are inputs (named ``<dir>:overlay/<path>``), copied in before the group's first
+    patch: ``overlays`` holds [series index, label, paths] for each."""
+    series = loaded.series_entries([g.dir for g in built])
+    inputs = [(e.row_name, sha256_file(e.path)) for e in series]
+    paths = {e.row_name: e.path for e in series}
+    overlays: list[list[object]] = []
+    at = 0
+    for g in built:
+        overlay = overlay_of(loaded, g)
+        if overlay is not None:
+            overlays.append([at, overlay.label, [rel for rel, _ in overlay.files]])
+            for rel, path in overlay.files:
+                inputs.append((f"{overlay.label}/{rel}", sha256_file(path)))
+                paths[f"{overlay.label}/{rel}"] = path
+        at += len(g.patches)
+    return Step(
+        kind="patch", implementation=implementation("patch"), name="series",
+        # GNU patch is the machine's: the release the recipe names is part of what the step
+        # is (checked against the machine's where the series is applied).
+        params={"package": "vllm", "series": [e.row_name for e in series],
+                "groups": [g.dir for g in built], "overlays": overlays,
+                "gnu_patch": loaded.recipe.toolchain.gnu_patch},
+        inputs=tuple(inputs), deps=(("wheel", fetch),), input_paths=paths,
+    )
 
 
 def pylock_step(loaded: LoadedRecipe) -> Step:
@@ -122,12 +144,15 @@ def pylock_step(loaded: LoadedRecipe) -> Step:
     )
 
 
-def declared_parts(loaded: LoadedRecipe) -> list[Declared]:
+def declared_parts(loaded: LoadedRecipe, built: list[Group] | None = None) -> list[Declared]:
     r, root = loaded.recipe, loaded.root
     out: list[Declared] = []
-    for g in r.series.groups:
-        if not g.patches:
+    built = r.series.groups if built is None else built
+    for g in built:
+        if not g.patches and g.overlay is None:
             out.append(Declared(f"series group {g.dir}/", "declared, empty: no patches yet"))
+    for name, why in not_built(loaded, built):
+        out.append(Declared(f"series group {name}/", f"declared, not built: {why}"))
     fa2_diff: Path = root / r.fa2.diff
     from qwen38build.engine.reads import probe
 

@@ -53,7 +53,9 @@ def path_problems(loaded: LoadedRecipe) -> list[str]:
     r, root = loaded.recipe, loaded.root
     checks = [(f"series.groups.{i}.dir", g.dir, "dir") for i, g in enumerate(r.series.groups)]
     checks += [("pthfa.path", r.pthfa.path, "dir"), ("fa2.diff", r.fa2.diff, "file")]
-    problems = []
+    problems = overlay_problems(loaded)
+    checks += [(f"series.groups.{i}.overlay", f"{g.dir}/{g.overlay}", "dir")
+               for i, g in enumerate(r.series.groups) if g.overlay is not None]
     for where, rel, want in checks:
         why = outside_problem(root, rel, want=want)
         if why is not None:
@@ -67,6 +69,25 @@ def path_problems(loaded: LoadedRecipe) -> list[str]:
             problems.append(f"{rel}: {rel!r} leads outside the project (to {target}); keep "
                             "the lock inside the project")
             break
+    return problems
+
+
+def overlay_problems(loaded: LoadedRecipe) -> list[str]:
+    """A group's overlay is a folder below the group's own, named without ``..``; a
+    local one must exist (its files are an input of every build of the group)."""
+    problems = []
+    for i, g in enumerate(loaded.recipe.series.groups):
+        if g.overlay is None:
+            continue
+        where = f"series.groups.{i}.overlay"
+        parts = g.overlay.replace("\\", "/").split("/")
+        if os.path.isabs(g.overlay) or ".." in parts or not g.overlay.strip("./"):
+            problems.append(f"{where}: {g.overlay!r} must name a folder inside the group's "
+                            f"folder {g.dir}/ (relative, no '..')")
+        elif os.path.isdir(loaded.root / g.dir) and not os.path.lexists(
+                loaded.root / g.dir / g.overlay):
+            problems.append(f"{where}: folder {g.dir}/{g.overlay}/ does not exist; create "
+                            "it (with its MANIFEST) or remove the overlay key")
     return problems
 
 

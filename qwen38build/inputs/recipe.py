@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -21,8 +22,10 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from qwen38build.errors import RecipeError
@@ -65,7 +68,8 @@ def _check_series(value: str) -> str:
 
 
 def _check_patch_name(name: str) -> str:
-    bad = "/" in name or "\\" in name or "\0" in name or name.startswith(".")
+    # ':' never: it marks a group's overlay among the series' names (``kvarn:overlay``).
+    bad = any(c in name for c in "/\\:\0") or name.startswith(".")
     if bad or not name.endswith(".patch") or not name.isprintable():
         raise ValueError(f"{name!r} must be a bare file name ending in .patch")
     return name
@@ -100,10 +104,25 @@ class VllmPin(_Model):
 
 
 class Group(_Model):
-    """One folder of patches, applied in the order listed."""
+    """One folder of patches, applied in the order listed.
+
+    ``overlay``: a folder of files (relative to the group's folder) copied into the package
+    tree before the group's patches apply, each file listed with its sha256 in the folder's
+    MANIFEST. ``optional``: built only when asked (``build --with DIR``) or when
+    ``enabled``; the build hash says which groups were built."""
 
     dir: str
     patches: list[PatchName] = Field(default_factory=list)
+    optional: StrictBool = False
+    enabled: StrictBool = False
+    overlay: str | None = None
+
+    @model_validator(mode="after")
+    def _enabled_needs_optional(self) -> Group:
+        if self.enabled and not self.optional:
+            raise ValueError("enabled: only an optional group is switched on or off; set "
+                             "optional = true, or remove enabled (a group is built by default)")
+        return self
 
 
 class Series(_Model):
@@ -250,11 +269,13 @@ class LoadedRecipe:
     def root(self) -> Path:
         return self.path.parent
 
-    def series_entries(self) -> list[SeriesEntry]:
+    def series_entries(self, groups: Collection[str] | None = None) -> list[SeriesEntry]:
+        """Every patch of the series in order, or of the groups named in ``groups``."""
         return [
             # realpath, not resolve(): a link loop must reach the checks, not raise here.
             SeriesEntry(g.dir, name, Path(os.path.realpath(self.root / g.dir / name)))
             for g in self.recipe.series.groups
+            if groups is None or g.dir in groups
             for name in g.patches
         ]
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from qwen38build.digest import sha256_file
 from qwen38build.engine.executor import Context
+from qwen38build.errors import InputError
 from qwen38build.series.gnupatch import describe_failure, require_release, run_patch
 from qwen38build.series.patchfile import PatchFile
 from qwen38build.steps import ENGINE
@@ -42,18 +43,33 @@ def run(ctx: Context) -> None:
     patches = [PatchFile.parse(ctx.input_path(name)) for name in series]
     work = ctx.scratch / package
     work.mkdir(parents=True)
+    # [series index, label, package paths]: each group's overlay, copied in before its
+    # group's first patch.
+    overlays = [(int(at), str(label), [str(r) for r in rels])
+                for at, label, rels in ctx.step.params.get("overlays", [])]
     pristine: dict[str, str | None] = {}
     touched = [rel for pf in patches for rel in pf.touched_paths]
-    wanted = {f"{package}/{rel}": rel for rel in touched}
+    added = [rel for _, _, rels in overlays for rel in rels]
+    wanted = {f"{package}/{rel}": rel for rel in (*touched, *added)}
     # The one extraction routine: every member name checked, nothing written outside work/.
     written = set(extract(wheel, ctx.scratch, wanted))
-    for rel in touched:
+    for _, label, rels in overlays:
+        there = [rel for rel in rels if f"{package}/{rel}" in written]
+        if there:
+            raise InputError(
+                f"the overlay {label} adds {package}/{there[0]}, which the pinned wheel "
+                f"already has{f' (and {len(there) - 1} more)' if len(there) > 1 else ''}; an "
+                "overlay adds files, a patch changes the package's own.",
+                hint="drop the file from the overlay (upstream carries it now) or change the "
+                "package's file with a patch of the group")
+    for rel in (*added, *touched):
         if rel not in pristine:
             member = f"{package}/{rel}"
             pristine[rel] = sha256_file(work / rel) if member in written else None
     owners: dict[str, list[str]] = {rel: [] for rel in pristine}
     report: list[PatchApplied] = []
-    for name, pf in zip(series, patches, strict=True):
+    for k, (name, pf) in enumerate(zip(series, patches, strict=True)):
+        _copy_overlays(ctx, [o for o in overlays if o[0] == k], work, owners)
         ctx.report(f"applying {name}")
         result = run_patch(pf.path, work)
         if not result.ok:
@@ -69,6 +85,7 @@ def run(ctx: Context) -> None:
                 for h in result.offsets
             ],
         })
+    _copy_overlays(ctx, [o for o in overlays if o[0] >= len(series)], work, owners)
     files: dict[str, OwnedFile] = {}
     tree = ctx.out / TREE
     for rel in sorted(pristine):
@@ -80,11 +97,24 @@ def run(ctx: Context) -> None:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(src.read_bytes())
     (ctx.out / REPORT).write_text(
-        json.dumps({"package": package, "files": files, "patches": report}, indent=1,
-                   sort_keys=True)
+        json.dumps({"package": package, "files": files, "patches": report,
+                    "groups": [str(g) for g in ctx.step.params.get("groups", [])]},
+                   indent=1, sort_keys=True)
     )
     if not tree.exists():
         tree.mkdir()
+
+
+def _copy_overlays(ctx: Context, overlays: list[tuple[int, str, list[str]]], work: Path,
+                   owners: dict[str, list[str]]) -> None:
+    """Write each overlay's files into the package tree, owned by the overlay's label."""
+    for _, label, rels in overlays:
+        ctx.report(f"copying {label} ({len(rels)} files)")
+        for rel in rels:
+            dest = work / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(ctx.input_path(f"{label}/{rel}").read_bytes())
+            owners[rel].append(label)
 
 
 def read_report(out: Path) -> PatchReport:

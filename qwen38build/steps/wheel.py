@@ -75,6 +75,7 @@ def run(ctx: Context) -> None:
         "dist_info": new_dist_info,
         "owned": report["files"],
         "patches": report["patches"],
+        "groups": report.get("groups", []),
         "record": {k: list(v) for k, v in sorted(record.items())},
     }
     (ctx.out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))

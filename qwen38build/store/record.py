@@ -24,9 +24,10 @@ HASH_RE = re.compile(r"[0-9a-f]{8,64}")
 
 
 def write_build(store: Store, top: Step, outcomes: dict[str, Outcome], root_name: str,
-                waived: list[str] | None = None) -> Path:
+                waived: list[str] | None = None, groups: list[str] | None = None) -> Path:
     """Record ``top``'s closure under builds/<hash>.json and make it the root ``root_name``;
-    ``waived`` lists the lint findings the recipe's waivers let through, with the reasons."""
+    ``waived`` lists the lint findings the recipe's waivers let through, with the reasons;
+    ``groups`` the series groups the build applied (None: it applied no series)."""
     from qwen38build.engine.step import closure
     from qwen38build.engine.tools import built_with
 
@@ -56,8 +57,11 @@ def write_build(store: Store, top: Step, outcomes: dict[str, Outcome], root_name
             if store.source(sha) is None:
                 store.add_source(path)
     path = store.builds / f"{top.digest}.json"
-    store.write_json(path, {"format": RECORD_FORMAT, "build": top.digest, "steps": steps,
-                            "waived": list(waived or [])})
+    rec: BuildRecord = {"format": RECORD_FORMAT, "build": top.digest, "steps": steps,
+                        "waived": list(waived or [])}
+    if groups is not None:
+        rec["groups"] = list(groups)
+    store.write_json(path, rec)
     store.write_json(store.roots / f"{_safe(root_name)}.json", {"build": top.digest})
     return path
 

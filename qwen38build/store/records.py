@@ -63,6 +63,7 @@ class BuildRecord(TypedDict):
     build: str
     steps: list[BuildStep]
     waived: NotRequired[list[str]]
+    groups: NotRequired[list[str]]  # the series groups applied (a build of the vllm part)
 
 
 class NoopRecord(TypedDict):
@@ -77,6 +78,7 @@ class NoopRecord(TypedDict):
     build: str
     outputs: list[list[str]]
     waived: list[str]
+    groups: NotRequired[list[str] | None]
 
 
 class HistoryRecord(TypedDict):

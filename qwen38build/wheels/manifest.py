@@ -4,7 +4,7 @@ holds; checked where they are read (``installed.read_manifest``)."""
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 
 class OwnedFile(TypedDict):
@@ -36,6 +36,7 @@ class PatchReport(TypedDict):
     package: str
     files: dict[str, OwnedFile]
     patches: list[PatchApplied]
+    groups: NotRequired[list[str]]  # the series groups applied, in order
 
 
 class Manifest(TypedDict):
@@ -50,3 +51,4 @@ class Manifest(TypedDict):
     owned: dict[str, OwnedFile]
     patches: list[PatchApplied]
     record: dict[str, list[str | int]]  # member → [RECORD hash, size]
+    groups: NotRequired[list[str]]  # the series groups built, in order

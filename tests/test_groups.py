@@ -1,0 +1,229 @@
+"""Optional series groups and their file overlays (issue 26), on the tiny project.
+
+The ``kvarn`` group of the fixture is made optional, with an overlay of two files (a small
+package ``kvq/``) and two patches written for these tests that wire it in: one imports it
+from ``server.py``, one adds a knob line to ``envs.py``. Nothing of KVarN's is used.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from qwen38build.engine import fastpath
+from qwen38build.engine.plan import make_plan
+from qwen38build.errors import UsageError
+from qwen38build.inputs import lock, recipe
+from tests.conftest import ENVS, SERVER, Project
+from tests.engine_fixtures import sha256, write_patch
+
+OVERLAY = {
+    "kvq/__init__.py": "from kvq.codec import encode\n",
+    "kvq/codec.py": "def encode(x):\n    return x * 2\n",
+}
+# cut on the files as the patches/ group leaves them (the fixture's route-fix and knob)
+SERVED = SERVER.replace("return 3\n", "return 33\n")
+ROUTE = SERVED.replace("    return 15\n", "    from vllm.kvq import codec\n    return codec.encode(15)\n")
+KNOBS = ENVS.replace("KNOB_7 = 7\n", "KNOB_7 = 70\n")
+KNOB = KNOBS.replace("KNOB_20 = 20\n", "KNOB_20 = 'kvq'\n")
+
+
+def write_overlay(root: Path, files: dict[str, str], folder: str = "kvarn/files") -> Path:
+    """The overlay folder with its files and a true MANIFEST."""
+    top = root / folder
+    for rel, text in files.items():
+        (top / rel).parent.mkdir(parents=True, exist_ok=True)
+        (top / rel).write_text(text)
+    (top / "MANIFEST").write_text("".join(f"{sha256(top / rel)}  {rel}\n"
+                                          for rel in sorted(files)))
+    return top
+
+
+def set_group(root: Path, extra: str) -> None:
+    """Add ``extra`` lines to the kvarn group's table of recipe.toml."""
+    path = root / "recipe.toml"
+    path.write_text(path.read_text().replace('dir = "kvarn"\n', f'dir = "kvarn"\n{extra}'))
+
+
+def kvarn(p: Project, *, overlay: bool = True, enabled: bool = False) -> None:
+    """The kvarn group made optional, with its overlay and its two patches."""
+    text = (p.root / "recipe.toml").read_text()
+    (p.root / "recipe.toml").write_text(text.replace(
+        'dir = "kvarn"\npatches = [\n]', 'dir = "kvarn"\npatches = [\n'
+        '    "kvq-route.patch",\n    "kvq-knob.patch",\n]'))
+    write_patch(p.root, "kvarn", "kvq-route", [("server.py", SERVED, ROUTE)], p.tmp / "kd")
+    write_patch(p.root, "kvarn", "kvq-knob", [("envs.py", KNOBS, KNOB)], p.tmp / "kd")
+    extra = "optional = true\n" + ('overlay = "files"\n' if overlay else "") + (
+        "enabled = true\n" if enabled else "")
+    if overlay:
+        write_overlay(p.root, OVERLAY)
+    set_group(p.root, extra)
+
+
+def _build(p: Project, capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+    capsys.readouterr()
+    assert p.run("build", "--json", *argv) == 0, capsys.readouterr().err
+    data: dict[str, object] = json.loads(capsys.readouterr().out)
+    return data
+
+
+def _members(wheel: object) -> dict[str, bytes]:
+    with zipfile.ZipFile(str(wheel)) as z:
+        return {n: z.read(n) for n in z.namelist()}
+
+
+# -- the recipe ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    ('optional = "yes"\n', "series.groups.1.optional: Input should be a valid boolean"),
+    ("enabled = true\n", "series.groups.1: enabled: only an optional group"),
+    ('overlay = "../patches"\n', "series.groups.1.overlay: '../patches' must name a folder"),
+    ('overlay = "files"\n', "series.groups.1.overlay: folder kvarn/files/ does not exist"),
+    ("optional = 1\n", "series.groups.1.optional: Input should be a valid boolean"),
+])
+def test_bad_group_fields_name_the_recipe_and_the_key(
+        project: Project, capsys: pytest.CaptureFixture[str], extra: str, said: str) -> None:
+    set_group(project.root, extra)
+    assert project.run("plan") == 2
+    err = capsys.readouterr().err
+    assert "recipe.toml" in err and said in err, err
+
+
+def test_with_names_an_optional_group_or_is_a_usage_error(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    kvarn(project)
+    assert project.run("build", "--with", "nope") == 2
+    assert "--with 'nope' is not a group of the series" in capsys.readouterr().err
+    assert project.run("build", "--with", "patches") == 2
+    assert "--with 'patches' is not optional" in capsys.readouterr().err
+
+
+# -- building with and without ----------------------------------------------------------
+
+
+def test_optional_group_is_built_only_with_it_and_says_so(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    kvarn(project)
+    capsys.readouterr()
+    assert project.run("plan") == 0
+    assert ("declared  -           -             series group kvarn/: declared, not built: "
+            "optional, not requested") in capsys.readouterr().out
+    without = _build(project, capsys)
+    assert without["groups"] == ["patches"]
+    files = _members(without["wheel"])
+    assert "vllm/kvq/codec.py" not in files and b"codec" not in files["vllm/server.py"]
+    built = _build(project, capsys, "--with", "kvarn")
+    assert built["groups"] == ["patches", "kvarn"]
+    assert built["build"] != without["build"]
+    files = _members(built["wheel"])
+    assert files["vllm/kvq/codec.py"] == OVERLAY["kvq/codec.py"].encode()
+    assert b"codec.encode(15)" in files["vllm/server.py"]
+    assert b"KNOB_20 = 'kvq'" in files["vllm/envs.py"] and b"KNOB_7 = 70" in files["vllm/envs.py"]
+    # ./result's manifest and the build record say which groups were built
+    manifest = json.loads((project.root / "result" / "manifest.json").read_text())
+    assert manifest["groups"] == ["patches", "kvarn"]
+    assert manifest["owned"]["kvq/codec.py"] == {
+        "pristine": None, "patched": sha256(project.root / "kvarn/files/kvq/codec.py"),
+        "owners": ["kvarn:overlay"]}
+    assert manifest["owned"]["server.py"]["owners"] == ["route-fix", "kvarn/kvq-route"]
+    record = json.loads((project.store / "builds" / f"{built['build']}.json").read_text())
+    assert record["groups"] == ["patches", "kvarn"]
+    # both are cached: each answers again with nothing to build, whichever came last
+    loaded = recipe.load(project.root / "recipe.toml")
+    from qwen38build.store.store import Store
+
+    store = Store(project.store)
+    for with_ in ((), ("kvarn",)):
+        plan = make_plan(loaded, lock.read(project.root), with_=with_)
+        assert all(store.get(s.digest) is not None for s in (plan.top, plan.targets["patch"]))
+    assert _build(project, capsys, "--rebuild")["build"] == without["build"]
+    assert _build(project, capsys, "--with", "kvarn", "--rebuild")["build"] == built["build"]
+
+
+def test_enabled_builds_the_optional_group_by_default(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    kvarn(project, enabled=True)
+    data = _build(project, capsys)
+    assert data["groups"] == ["patches", "kvarn"]
+    assert "vllm/kvq/codec.py" in _members(data["wheel"])
+    capsys.readouterr()
+    assert project.run("build") == 0
+    assert "groups patches kvarn" in capsys.readouterr().out
+
+
+def test_the_no_op_keys_on_with(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    kvarn(project)
+    plain = _build(project, capsys)
+    recipe_path = project.root / "recipe.toml"
+    assert fastpath.lookup(project.store, recipe_path) is not None
+    assert fastpath.lookup(project.store, recipe_path, with_=["kvarn"]) is None
+    argv = ["--recipe", str(recipe_path), "--store", str(project.store), "build", "--json"]
+    capsys.readouterr()
+    assert fastpath.try_noop([*argv, "--with", "kvarn"]) is None
+    assert fastpath.try_noop(argv) == 0
+    assert json.loads(capsys.readouterr().out)["build"] == plain["build"]
+    built = _build(project, capsys, "--with=kvarn")
+    assert fastpath.try_noop([*argv, "--with", "kvarn"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["build"] == built["build"] and again["groups"] == ["patches", "kvarn"]
+
+
+def test_the_overlay_files_are_inputs_of_the_patch_step(project: Project) -> None:
+    kvarn(project)
+    loaded = recipe.load(project.root / "recipe.toml")
+    before = make_plan(loaded, lock.read(project.root), with_=["kvarn"]).targets["patch"]
+    write_overlay(project.root, {**OVERLAY, "kvq/codec.py": "def encode(x):\n    return x\n"})
+    after = make_plan(loaded, lock.read(project.root), with_=["kvarn"]).targets["patch"]
+    assert before.digest != after.digest
+    assert ("kvarn:overlay/kvq/codec.py", sha256(project.root / "kvarn/files/kvq/codec.py")) \
+        in after.inputs
+    assert after.params["overlays"] == [[2, "kvarn:overlay", ["kvq/__init__.py", "kvq/codec.py"]]]
+    # a file of the overlay its MANIFEST does not vouch for is refused before any build
+    (project.root / "kvarn/files/kvq/extra.py").write_text("x = 1\n")
+    from qwen38build.errors import InputError
+
+    with pytest.raises(InputError, match="not listed in files/MANIFEST"):
+        make_plan(loaded, lock.read(project.root), with_=["kvarn"])
+    # and without the group, its overlay is not read at all
+    assert make_plan(loaded, lock.read(project.root)).targets["patch"].params["overlays"] == []
+
+
+def test_an_overlay_file_the_wheel_already_has_is_refused(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    kvarn(project)
+    write_overlay(project.root, {**OVERLAY, "__init__.py": "x = 1\n"})
+    capsys.readouterr()
+    assert project.run("build", "--with", "kvarn") == 2
+    err = capsys.readouterr().err
+    assert "the overlay kvarn:overlay adds vllm/__init__.py, which the pinned wheel" in err
+
+
+def test_verify_and_apply_name_the_group_as_owner_of_overlay_files(
+        project: Project, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    kvarn(project)
+    built = _build(project, capsys, "--with", "kvarn")
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
+         "--disable-pip-version-check", "--no-index", "--target", str(site),
+         str(built["wheel"])], check=True, capture_output=True)
+    (site / "vllm" / "kvq" / "codec.py").write_text("drift\n")
+    assert project.run("verify", str(site), "--json") == 1
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert {"path": "vllm/kvq/codec.py", "kind": "drifted", "owners": ["kvarn:overlay"]} \
+        in problems
+    assert project.run("apply", str(site)) == 0
+    assert "vllm/kvq/codec.py" in capsys.readouterr().out
+    assert (site / "vllm" / "kvq" / "codec.py").read_text() == OVERLAY["kvq/codec.py"]
+
+
+def test_plan_rejects_with_for_a_group_the_recipe_lacks(project: Project) -> None:
+    loaded = recipe.load(project.root / "recipe.toml")
+    with pytest.raises(UsageError, match="is not optional"):
+        make_plan(loaded, lock.read(project.root), with_=["kvarn"])
