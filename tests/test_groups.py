@@ -227,3 +227,19 @@ def test_plan_rejects_with_for_a_group_the_recipe_lacks(project: Project) -> Non
     loaded = recipe.load(project.root / "recipe.toml")
     with pytest.raises(UsageError, match="is not optional"):
         make_plan(loaded, lock.read(project.root), with_=["kvarn"])
+
+
+def test_lint_checks_the_overlay_against_its_manifest(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    kvarn(project)
+    capsys.readouterr()
+    assert project.run("lint") == 0, capsys.readouterr()
+    (project.root / "kvarn/files/kvq/codec.py").write_text("def encode(x):\n    return 0\n")
+    (project.root / "kvarn/files/kvq/stray.py").write_text("y = 2\n")
+    assert project.run("lint") != 0
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "[provenance] kvarn/files/kvq/codec.py has sha256" in text
+    assert "kvarn/files/kvq/stray.py is not listed in kvarn/files/MANIFEST" in text
+    # a build with the group refuses it too (before anything is applied)
+    assert project.run("build", "--with", "kvarn") == 2

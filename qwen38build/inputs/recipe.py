@@ -176,7 +176,7 @@ class Waiver(_Model):
     several), and the ``reason``. Printed on every build and kept in the build record; a
     waiver that matches no finding is itself a finding."""
 
-    rule: Literal["headers", "series", "env-knobs", "diff-hygiene", "provenance"]
+    rule: Literal["headers", "series", "env-knobs", "diff-hygiene", "enum-alias", "provenance"]
     patch: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")]
     contains: str = ""
     reason: Annotated[str, Field(min_length=10)]

@@ -26,8 +26,12 @@ The rules, as ``Finding.rule``:
   ``git apply --whitespace=error`` reports (trailing whitespace, space before tab in the
   indent, blank lines added at the end of a file), hunk counts that do not match the lines,
   CRLF added to a file that has LF.
+- ``enum-alias``: no member a patch adds to an enum takes a value another member of the
+  same enum holds (a silent alias; :mod:`~qwen38build.lint.enumalias`), with the pristine
+  wheel.
 - ``provenance``: ``fa2/README.md`` names the repository and the commit the recipe pins;
-  ``pthfa/PIN`` names the recipe's tag; ``pthfa/MANIFEST`` lists the sha256 of every file.
+  ``pthfa/PIN`` names the recipe's tag; ``pthfa/MANIFEST`` lists the sha256 of every file;
+  each local series group overlay's MANIFEST lists the sha256 of every file of it.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from qwen38build.inputs import layout
 from qwen38build.inputs import recipe as recipe_mod
 from qwen38build.inputs.recipe import LoadedRecipe, SeriesEntry
 from qwen38build.lint import waivers
+from qwen38build.lint.enumalias import enum_aliases
 from qwen38build.lint.envknobs import env_knobs, read_pristine_knobs, registered_knobs
 from qwen38build.lint.finding import Context, Finding
 from qwen38build.lint.hygiene import hygiene
@@ -54,7 +59,7 @@ from qwen38build.lint.waivers import Waived
 from qwen38build.series import knobs, lineage
 from qwen38build.series.patchfile import KINDS, REQUIRED_HEADERS, PatchFile
 
-RULES = ("headers", "series", "env-knobs", "diff-hygiene", "provenance")
+RULES = ("headers", "series", "env-knobs", "diff-hygiene", "enum-alias", "provenance")
 # The patch that registers this stack's local knobs in envs.py (the ledger's registry).
 KNOB_REGISTRY = "speed-knobs-envs"
 # Byte code, and measured evidence (results/): neither is vendored source.
@@ -122,10 +127,12 @@ def check_waived(
             # A patch that does not apply is the build's to report (GNU patch names the
             # hunk); its index line would only repeat that less precisely.
             before = None if tree is None or k in tree.failed else tree.before.get(k)
+            after = None if tree is None else tree.after.get(k)
             per_patch = [
                 *_headers(ctx, entry, pf),
                 *env_knobs(ctx, pf, own_reads, registered, knob_registry, pristine_knobs),
                 *hygiene(ctx, pf, before),
+                *enum_aliases(ctx, pf, before, after),
             ]
             findings.extend(sorted(per_patch, key=lambda f: f.line))
     findings.extend(provenance(ctx))

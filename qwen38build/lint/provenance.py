@@ -22,6 +22,17 @@ _MANIFEST_RE = re.compile(r"^(?P<sha>[0-9a-f]{64})  (?P<path>\S.*)$")
 def provenance(ctx: Context) -> Iterator[Finding]:
     yield from _fa2(ctx)
     yield from _pthfa(ctx)
+    yield from _overlays(ctx)
+
+
+def _overlays(ctx: Context) -> Iterator[Finding]:
+    """Each series group's overlay against its MANIFEST, as the vendored pthfa tree."""
+    from qwen38build.inputs.groups import overlay_folder
+
+    for group in ctx.recipe.series.groups:
+        folder = overlay_folder(ctx.loaded, group)
+        if folder is not None and folder.is_dir():
+            yield from _manifest(ctx, folder, folder / "MANIFEST")
 
 
 def _fa2(ctx: Context) -> Iterator[Finding]:

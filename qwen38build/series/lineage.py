@@ -74,8 +74,10 @@ class Lineage:
         self.patches = patches
         self.next = 0
         self.failed: list[int] = []
-        # The touched files' bytes just before each patch was tried, by series index.
+        # The touched files' bytes just before each patch was tried, and just after it
+        # applied (a patch that failed has no after), by series index.
         self.before: dict[int, dict[str, bytes | None]] = {}
+        self.after: dict[int, dict[str, bytes | None]] = {}
         self.data: dict[str, bytes | None] = dict(files)
         self.text: dict[str, list[str]] = {}
         self.origin: dict[str, list[Origin]] = {}
@@ -88,6 +90,9 @@ class Lineage:
         """Apply the patches before index ``k`` that are not applied yet."""
         while self.next < k:
             self._apply(self.next)
+            if self.next not in self.failed:
+                rels = self.patches[self.next].touched_paths
+                self.after[self.next] = {rel: self.data.get(rel) for rel in rels}
             self.next += 1
 
     def _apply(self, j: int) -> None:
