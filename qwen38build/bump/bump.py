@@ -51,6 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from qwen38build.bump.overlay import overlay_in_upstream
 from qwen38build.bump.report import (
     RETIRABLE,
     BumpReport,
@@ -162,7 +163,8 @@ def bump(
     old_wheel = locked_wheel(loaded, store)
     new_entry, new_wheel = resolve_wheel(loaded, store, new_version)
     patches = try_series(loaded, old_wheel, new_wheel, (old_version, new_version))
-    report = BumpReport(old_version, new_version, new_entry, patches, dry_run)
+    report = BumpReport(old_version, new_version, new_entry, patches, dry_run,
+                        overlays=overlay_in_upstream(loaded, new_wheel))
     reasons = {p.patch: f"{p.outcome} in {new_version}: {p.summary()}"
                for p in patches if p.outcome in RETIRABLE} if retire and not dry_run else {}
     report.environment, env_lock = relock_environment(loaded, new_entry, new_wheel, store)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from qwen38build.bump.overlay import OverlayInUpstream
 from qwen38build.inputs import lock as lockmod
 from qwen38build.pinning import pylock as envlock
 from qwen38build.series import upstreamed
@@ -161,11 +162,15 @@ class BumpReport:
     rebase: RebaseResult | None = None
     retired: tuple[str, ...] = ()  # rows moved to series.retired by --retire
     environment: EnvReport | None = None  # None: the project has no environment lock
+    # Series group overlay files the new pin carries (bump.overlay): none may stay.
+    overlays: list[OverlayInUpstream] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """True when every patch applies (clean or with offsets) or was retired."""
-        return all(p.outcome in APPLIED or p.patch in self.retired for p in self.patches)
+        """True when every patch applies (clean or with offsets) or was retired, and no
+        overlay file is one the new pin carries."""
+        return not self.overlays and all(
+            p.outcome in APPLIED or p.patch in self.retired for p in self.patches)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -181,6 +186,7 @@ class BumpReport:
                 **asdict(self.rebase), "ok": self.rebase.ok,
             },
             "environment": None if self.environment is None else self.environment.to_json(),
+            "overlays": [asdict(o) for o in self.overlays],
         }
 
     def counts(self) -> dict[str, int]:
@@ -267,8 +273,13 @@ class BumpReport:
         return "\n".join(out) + "\n"
 
     def _closing(self) -> list[str]:
-        """Retirement, the workspace's carry, and the next command."""
+        """Overlay files upstream carries, retirement, the workspace's carry, and the next
+        command."""
         out: list[str] = []
+        if self.overlays:
+            out += ["", "Overlay files the new pin carries (the build refuses an overlay "
+                    "file the wheel has):"]
+            out += [f"- {o.line(self.new_version)}" for o in self.overlays]
         retire = [p.patch for p in self.patches if p.outcome in RETIRABLE]
         if self.retired:
             out += ["", f"Retired: {', '.join(self.retired)} (series.retired, files deleted, "
