@@ -138,8 +138,17 @@ patches = [
 {kvarn}]
 
 [fa2]
-repository = "https://example.invalid/flash-attention"
+source = "flash-attention"
+cutlass = "cutlass"
 diff = "fa2/fp8-kv.diff"
+
+[sources.flash-attention]
+repository = "https://example.invalid/flash-attention"
+commit = "0123456789abcdef0123456789abcdef01234567"
+
+[sources.cutlass]
+repository = "https://github.com/NVIDIA/cutlass"
+commit = "89abcdef0123456789abcdef0123456789abcdef"
 
 [pthfa]
 tag = "v0.1.0"

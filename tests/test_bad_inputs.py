@@ -191,8 +191,10 @@ def _(env: Env) -> list[str]:
 
 
 recipe_edit("toolchain-python", 'python = "3.12"', 'python = "three"', "toolchain.python:")
-recipe_edit("fa2-commit-not-hex", 'diff = "fa2/fp8-kv.diff"',
-            'diff = "fa2/fp8-kv.diff"\ncommit = "xyz"', "fa2.commit:")
+recipe_edit("source-commit-not-hex", 'commit = "0123456789abcdef0123456789abcdef01234567"',
+            'commit = "xyz"', "sources.flash-attention.commit:")
+recipe_edit("fa2-source-undeclared", 'source = "flash-attention"', 'source = "nowhere"',
+            "fa2.source: 'nowhere' names no [sources.nowhere] table")
 recipe_edit("groups-a-string", "[[series.groups]]\ndir = \"patches\"",
             "[[series.groups]]\ndir = [\"patches\"]", "series.groups.0.dir:")
 recipe_edit("patches-a-string", 'patches = [\n    "route-fix.patch"',

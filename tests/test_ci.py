@@ -78,8 +78,11 @@ def test_matrix_normalises_arch_spellings(
     recipe.write_text(
         '[vllm]\nversion = "0.32.0"\n\n[series]\nretired = []\n\n'
         '[[series.groups]]\ndir = "patches"\npatches = []\n\n'
-        '[fa2]\nrepository = "https://github.com/vllm-project/flash-attention"\n'
-        'diff = "fa2/fp8-kv.diff"\n\n[pthfa]\ntag = "v0.1.0"\n\n'
+        '[fa2]\nsource = "fa"\ncutlass = "cu"\ndiff = "fa2/fp8-kv.diff"\n\n'
+        '[sources.fa]\nrepository = "https://github.com/vllm-project/flash-attention"\n'
+        'commit = "0123456789abcdef0123456789abcdef01234567"\n\n'
+        '[sources.cu]\nrepository = "https://github.com/NVIDIA/cutlass"\n'
+        'commit = "89abcdef0123456789abcdef0123456789abcdef"\n\n[pthfa]\ntag = "v0.1.0"\n\n'
         '[cuda]\narchs = ["sm_86", "90", "8.0", "sm_90a"]\n\n'
         '[toolchain]\npython = "3.12"\ntorch = "2.11.0"\ncuda = "13.0"\n',
         encoding="utf-8",

@@ -183,7 +183,8 @@ def test_the_overlay_files_are_inputs_of_the_patch_step(project: Project) -> Non
     assert before.digest != after.digest
     assert ("kvarn:overlay/kvq/codec.py", sha256(project.root / "kvarn/files/kvq/codec.py")) \
         in after.inputs
-    assert after.params["overlays"] == [[2, "kvarn:overlay", ["kvq/__init__.py", "kvq/codec.py"]]]
+    assert after.params["overlays"] == [
+        [2, "kvarn:overlay", ["kvq/__init__.py", "kvq/codec.py"], None]]
     # a file of the overlay its MANIFEST does not vouch for is refused before any build
     (project.root / "kvarn/files/kvq/extra.py").write_text("x = 1\n")
     from qwen38build.errors import InputError
@@ -243,3 +244,90 @@ def test_lint_checks_the_overlay_against_its_manifest(
     assert "kvarn/files/kvq/stray.py is not listed in kvarn/files/MANIFEST" in text
     # a build with the group refuses it too (before anything is applied)
     assert project.run("build", "--with", "kvarn") == 2
+
+
+# -- a group from an external source (a fixed-output tree) ----------------------------------
+
+COMMIT = "c0ffee00" + "1" * 32
+SOURCE = f"""
+[sources.kvq-src]
+repository = "https://example.invalid/kvq"
+commit = "{COMMIT}"
+paths = ["overlay", "LICENSE"]
+
+[fetch]
+mirrors = ["../mirror"]
+"""
+
+
+def source_group(p: Project, *, lock_it: bool, enabled: bool = False) -> Path:
+    """The kvarn group's overlay from the tree ``kvq-src``, held unpacked in a mirror folder
+    (``overlay/`` is the overlay, package-relative); locked in lock/sources.json or not."""
+    kvarn(p, overlay=False, enabled=enabled)
+    set_group(p.root, 'source = "kvq-src"\noverlay = "overlay"\n')
+    (p.root / "recipe.toml").write_text((p.root / "recipe.toml").read_text() + SOURCE)
+    tree = p.root.parent / "mirror" / f"kvq-{COMMIT[:8]}"
+    for rel, text in OVERLAY.items():
+        (tree / "overlay" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / "overlay" / rel).write_text(text)
+    (tree / "LICENSE").write_text("Apache-2.0\n")
+    (tree / "README.md").write_text("not in the paths\n")
+    if lock_it:
+        from qwen38build.trees.treehash import tree_hash
+
+        loaded = recipe.load(p.root / "recipe.toml")
+        lock.write(p.root, list(lock.read(p.root).values()), [lock.LockedTree(
+            "kvq-src", "https://example.invalid/kvq", COMMIT, ("overlay", "LICENSE"),
+            tree_hash(tree, ("overlay", "LICENSE")))])
+        assert lock.read_trees(loaded.root)["kvq-src"].commit == COMMIT
+    return tree
+
+
+def test_a_group_whose_source_is_not_locked_is_declared_not_built(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    source_group(project, lock_it=False, enabled=True)
+    capsys.readouterr()
+    assert project.run("plan") == 0
+    assert ("series group kvarn/: declared, not built: its source 'kvq-src' is not locked "
+            "(lock/sources.json); the stack builds without it") in capsys.readouterr().out
+    data = _build(project, capsys)  # enabled, but its source is not there: built without
+    assert data["groups"] == ["patches"]
+    assert "vllm/kvq/codec.py" not in _members(data["wheel"])
+    capsys.readouterr()
+    assert project.run("build", "--with", "kvarn") == 2
+    err = capsys.readouterr().err
+    assert "--with 'kvarn': its source 'kvq-src' is not locked" in err
+
+
+def test_a_locked_source_group_brings_its_tree_as_the_overlay(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    tree = source_group(project, lock_it=True)
+    loaded = recipe.load(project.root / "recipe.toml")
+    patch = make_plan(loaded, lock.read(project.root), with_=["kvarn"]).targets["patch"]
+    assert patch.params["overlays"] == [[2, "kvarn:overlay", None, "overlay"]]
+    assert patch.dep("kvarn:overlay").kind == "source"
+    built = _build(project, capsys, "--with", "kvarn")
+    assert built["groups"] == ["patches", "kvarn"]
+    files = _members(built["wheel"])
+    assert files["vllm/kvq/codec.py"] == OVERLAY["kvq/codec.py"].encode()
+    assert "vllm/LICENSE" not in files and "vllm/README.md" not in files
+    assert b"codec.encode(15)" in files["vllm/server.py"]
+    manifest = json.loads((project.root / "result" / "manifest.json").read_text())
+    assert manifest["owned"]["kvq/__init__.py"]["owners"] == ["kvarn:overlay"]
+    # the tree is fixed-output: another tree under the same commit is refused, not built
+    (tree / "overlay" / "kvq" / "codec.py").write_text("def encode(x):\n    return 0\n")
+    import shutil
+
+    shutil.rmtree(project.store)
+    capsys.readouterr()
+    assert project.run("build", "--with", "kvarn", "--rebuild") != 0
+    # and without --with the group is not built, its source never read
+    assert _build(project, capsys, "--rebuild")["groups"] == ["patches"]
+
+
+def test_a_group_source_names_a_sources_table(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    set_group(project.root, 'optional = true\nsource = "nope"\n')
+    assert project.run("plan") == 2
+    assert "series.groups.1.source: 'nope' names no [sources.nope] table" in \
+        capsys.readouterr().err

@@ -44,8 +44,17 @@ dir = "kvarn"
 patches = ["kvarn-x.patch"]
 
 [fa2]
-repository = "https://github.com/vllm-project/flash-attention"
+source = "flash-attention"
+cutlass = "cutlass"
 diff = "fa2/fp8-kv.diff"
+
+[sources.flash-attention]
+repository = "https://github.com/vllm-project/flash-attention"
+commit = "0123456789abcdef0123456789abcdef01234567"
+
+[sources.cutlass]
+repository = "https://github.com/NVIDIA/cutlass"
+commit = "89abcdef0123456789abcdef0123456789abcdef"
 
 [pthfa]
 tag = "v0.1.0"
@@ -572,23 +581,14 @@ def test_fa2_undeclared_commit_and_no_diff_is_fine(project: Path) -> None:
     assert run(project) == []
 
 
-def test_fa2_diff_without_a_pinned_commit(project: Path) -> None:
-    (project / "fa2" / "fp8-kv.diff").write_text("diff\n", encoding="utf-8")
-    f = only(run(project))
-    assert (f.file, f.line, f.rule) == (Path("recipe.toml"), line_of(
-        project / "recipe.toml", "[fa2]"), "provenance")
-    assert "fa2/fp8-kv.diff exists but recipe.toml pins no fa2.commit" in f.message
-    assert f.hint.startswith("set fa2.commit")
-
-
 def test_fa2_readme_must_name_the_pinned_commit(project: Path) -> None:
-    edit(project / "recipe.toml", 'diff = "fa2/fp8-kv.diff"',
-         'commit = "0123456789abcdef0123456789abcdef01234567"\ndiff = "fa2/fp8-kv.diff"')
+    """The commit is [sources.<fa2.source>]'s: the README beside the diff must name it and
+    its repository, once the diff exists (before, FA2 is declared and nothing is checked)."""
     (project / "fa2" / "fp8-kv.diff").write_text("diff\n", encoding="utf-8")
     f = only(run(project))
     assert (f.file, f.line, f.rule) == (Path("fa2/README.md"), 1, "provenance")
     assert f.message == "fa2/README.md does not name commit " \
-        "0123456789abcdef0123456789abcdef01234567, the one recipe.toml pins for fa2."
+        "0123456789abcdef0123456789abcdef01234567, the one [sources.flash-attention] pins."
     readme = project / "fa2" / "README.md"
     readme.write_text(readme.read_text(encoding="utf-8") + "Commit 0123456789ab.\n",
                       encoding="utf-8")
@@ -597,16 +597,9 @@ def test_fa2_readme_must_name_the_pinned_commit(project: Path) -> None:
     f = only(run(project))
     assert "does not name the repository https://github.com/vllm-project/flash-attention" \
         in f.message
-
-
-def test_fa2_pinned_commit_without_its_diff(project: Path) -> None:
-    edit(project / "recipe.toml", 'diff = "fa2/fp8-kv.diff"',
-         'commit = "0123456"\ndiff = "fa2/fp8-kv.diff"')
-    edit(project / "fa2" / "README.md", "not pinned yet", "at 0123456")
+    readme.unlink()
     f = only(run(project))
-    assert (f.file, f.rule) == (Path("recipe.toml"), "provenance")
-    assert f.line == line_of(project / "recipe.toml", 'diff = "fa2/')
-    assert f.message == "recipe.toml pins fa2.commit 0123456 but fa2/fp8-kv.diff does not exist."
+    assert "fa2/README.md is missing" in f.message
 
 
 def test_pthfa_pin_names_another_tag(project: Path) -> None:

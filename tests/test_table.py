@@ -28,8 +28,11 @@ def write_recipe(root: Path, groups: dict[str, list[str]]) -> Path:
         listed = ", ".join(f'"{n}"' for n in names)
         parts.append(f'\n[[series.groups]]\ndir = "{folder}"\npatches = [{listed}]\n')
     parts.append(
-        '\n[fa2]\nrepository = "https://github.com/vllm-project/flash-attention"\n'
-        'diff = "fa2/fp8-kv.diff"\n\n[pthfa]\ntag = "v0.1.0"\n\n'
+        '\n[fa2]\nsource = "fa"\ncutlass = "cu"\ndiff = "fa2/fp8-kv.diff"\n\n'
+        '[sources.fa]\nrepository = "https://github.com/vllm-project/flash-attention"\n'
+        'commit = "0123456789abcdef0123456789abcdef01234567"\n\n'
+        '[sources.cu]\nrepository = "https://github.com/NVIDIA/cutlass"\n'
+        'commit = "89abcdef0123456789abcdef0123456789abcdef"\n\n[pthfa]\ntag = "v0.1.0"\n\n'
         '[cuda]\narchs = ["8.6"]\n\n[toolchain]\npython = "3.12"\ntorch = "2.11.0"\n'
         'cuda = "13.0"\n'
     )

@@ -27,7 +27,8 @@ def test_plan_lists_steps_digests_built_state_and_declared_parts(project: Projec
     assert [s["kind"] for s in before["steps"]] == ["fetch", "patch", "wheel"]
     assert not any(s["built"] for s in before["steps"])
     declared = {d["name"]: d["status"] for d in before["declared"]}
-    assert "fa2.commit is not pinned" in declared["fa2"]
+    assert "fa2/fp8-kv.diff does not exist" in declared["fa2"]
+    assert "source 'flash-attention' is not locked" in declared["fa2"]
     assert declared["series group kvarn/"].startswith("declared, empty")
     build = _build(project, capsys)
     assert project.run("plan", "--json") == 0

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     import argparse
 
     from qwen38build.bump.report import BumpReport
+    from qwen38build.inputs.recipe import LoadedRecipe
+    from qwen38build.lint.finding import Finding
 
 
 def cmd_workspace_create(args: argparse.Namespace) -> int:
@@ -115,6 +117,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
     except Qwen38BuildError:
         pristine = None  # no usable lock: the knob rule says it could not read envs.py
     findings, waived = lint.check_waived(loaded, pristine_envs=pristine)
+    findings += _fa2_upstream(args, loaded)
     for w in waived:
         print(f"waived: {w}")
     for f in findings:
@@ -125,6 +128,26 @@ def cmd_lint(args: argparse.Namespace) -> int:
                          hint="fix each as its hint says, then run `qwen38build lint` again")
     print("lint: clean")
     return ExitCode.OK
+
+
+def _fa2_upstream(args: argparse.Namespace, loaded: LoadedRecipe) -> list[Finding]:
+    """The ``fa2-upstream`` rule where FA2 can be built: its pinned tree realised (the
+    store, a mirror or the origin, hash-checked) and the diff dry-run against it."""
+    from qwen38build.engine.executor import realise
+    from qwen38build.engine.plan import fa2_missing, source_step
+    from qwen38build.engine.report import Reporter
+    from qwen38build.lint.finding import Context
+    from qwen38build.lint.upstream import fa2_upstream
+
+    if fa2_missing(loaded) is not None:
+        return []
+    step = source_step(loaded, loaded.recipe.fa2.source)
+    assert step is not None
+    store = stages.open_store(args)
+    realise([step], store, Reporter(quiet=True))
+    entry = store.get(step.digest)
+    assert entry is not None
+    return list(fa2_upstream(Context(loaded), entry.path))
 
 
 def cmd_table(args: argparse.Namespace) -> int:

@@ -16,13 +16,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from qwen38build.digest import sha256_file
 from qwen38build.engine.step import Step
 from qwen38build.engine.tools import identity
 from qwen38build.inputs import lock as lockmod
-from qwen38build.inputs.groups import built_groups, not_built, overlay_of
+from qwen38build.inputs.groups import (
+    built_groups,
+    not_built,
+    overlay_label,
+    overlay_of,
+    source_overlay,
+)
 from qwen38build.inputs.recipe import Group, LoadedRecipe
 from qwen38build.inputs.tree import manifest_files
 from qwen38build.steps import implementation
@@ -90,6 +95,15 @@ def make_plan(
             parts[name] = kernel_steps(loaded, locked=locked, system_nvcc=system_nvcc)[-1]
         elif name == "pylock":
             parts[name] = pylock_step(loaded)
+        elif name == "fa2":
+            why = fa2_missing(loaded)
+            if why is None:
+                parts[name] = fa2_steps(loaded, locked)[-1]
+            elif only is not None:
+                from qwen38build.errors import UsageError
+
+                raise UsageError(f"command line: --only fa2: fa2 is declared, not built: {why}.",
+                                 hint="plan lists what each declared part lacks")
         else:
             from qwen38build.errors import UsageError
             from qwen38build.inputs.recipe import OUTPUTS
@@ -106,21 +120,29 @@ def make_plan(
 
 
 def patch_step(loaded: LoadedRecipe, built: list[Group], fetch: Step) -> Step:
-    """The series of the ``built`` groups applied to the fetched wheel. Each group's overlay
-    files are inputs (named ``<dir>:overlay/<path>``), copied in before the group's first
-    patch: ``overlays`` holds [series index, label, paths] for each."""
+    """The series of the ``built`` groups applied to the fetched wheel, each group's overlay
+    copied in before the group's first patch: ``overlays`` holds [series index, label,
+    paths, folder] for each. A local overlay's files are inputs (``<dir>:overlay/<path>``,
+    folder None); a source group's overlay is the ``folder`` of its tree, a dependency by
+    the label (its digest is the locked tree hash), its paths read when it is applied."""
     series = loaded.series_entries([g.dir for g in built])
     inputs = [(e.row_name, sha256_file(e.path)) for e in series]
     paths = {e.row_name: e.path for e in series}
     overlays: list[list[object]] = []
+    deps: list[tuple[str, Step]] = [("wheel", fetch)]
     at = 0
     for g in built:
         overlay = overlay_of(loaded, g)
         if overlay is not None:
-            overlays.append([at, overlay.label, [rel for rel, _ in overlay.files]])
+            overlays.append([at, overlay.label, [rel for rel, _ in overlay.files], None])
             for rel, path in overlay.files:
                 inputs.append((f"{overlay.label}/{rel}", sha256_file(path)))
                 paths[f"{overlay.label}/{rel}"] = path
+        elif g.source is not None:
+            tree = source_step(loaded, g.source)
+            assert tree is not None, "built_groups() leaves out a group whose source is unlocked"
+            overlays.append([at, overlay_label(g.dir), None, source_overlay(g)])
+            deps.append((overlay_label(g.dir), tree))
         at += len(g.patches)
     return Step(
         kind="patch", implementation=implementation("patch"), name="series",
@@ -129,7 +151,7 @@ def patch_step(loaded: LoadedRecipe, built: list[Group], fetch: Step) -> Step:
         params={"package": "vllm", "series": [e.row_name for e in series],
                 "groups": [g.dir for g in built], "overlays": overlays,
                 "gnu_patch": loaded.recipe.toolchain.gnu_patch},
-        inputs=tuple(inputs), deps=(("wheel", fetch),), input_paths=paths,
+        inputs=tuple(inputs), deps=tuple(deps), input_paths=paths,
     )
 
 
@@ -145,26 +167,99 @@ def pylock_step(loaded: LoadedRecipe) -> Step:
 
 
 def declared_parts(loaded: LoadedRecipe, built: list[Group] | None = None) -> list[Declared]:
-    r, root = loaded.recipe, loaded.root
+    r = loaded.recipe
     out: list[Declared] = []
     built = r.series.groups if built is None else built
     for g in built:
-        if not g.patches and g.overlay is None:
+        if not g.patches and g.overlay is None and g.source is None:
             out.append(Declared(f"series group {g.dir}/", "declared, empty: no patches yet"))
-    for name, why in not_built(loaded, built):
-        out.append(Declared(f"series group {name}/", f"declared, not built: {why}"))
-    fa2_diff: Path = root / r.fa2.diff
+    for name, reason in not_built(loaded, built):
+        out.append(Declared(f"series group {name}/", f"declared, not built: {reason}"))
+    why = fa2_missing(loaded)
+    if why is not None:
+        out.append(Declared("fa2", f"declared, not built: {why}"))
+    return out
+
+
+def fa2_missing(loaded: LoadedRecipe) -> str | None:
+    """What FA2 lacks to be built (its diff, its build description, a locked source), or
+    None when it can be."""
     from qwen38build.engine.reads import probe
 
-    probe(fa2_diff)
-    if not fa2_diff.exists() or r.fa2.commit is None:
-        missing = []
-        if r.fa2.commit is None:
-            missing.append("fa2.commit is not pinned")
-        if not fa2_diff.exists():
-            missing.append(f"{r.fa2.diff} does not exist")
-        out.append(Declared("fa2", "declared, not built: " + "; ".join(missing)))
-    return out
+    r, root = loaded.recipe, loaded.root
+    missing = []
+    for rel in (r.fa2.diff, r.fa2.build):
+        probe(root / rel)
+        if not (root / rel).is_file():
+            missing.append(f"{rel} does not exist")
+    trees = lockmod.read_trees(root) if lockmod.lock_path(root).is_file() else {}
+    missing += [f"source {n!r} is not locked" for n in (r.fa2.source, r.fa2.cutlass)
+                if n not in trees]
+    return "; ".join(missing) or None
+
+
+def source_step(loaded: LoadedRecipe, name: str,
+                trees: dict[str, lockmod.LockedTree] | None = None) -> Step | None:
+    """The fixed-output tree ``[sources.<name>]``: its digest is the locked tree hash alone.
+    None when the lock holds no such tree; LockError when it holds another one."""
+    trees = lockmod.read_trees(loaded.root) if trees is None else trees
+    locked = trees.get(name)
+    if locked is None:
+        return None
+    why = lockmod.tree_mismatch(loaded, name, locked)
+    if why is not None:
+        from qwen38build.errors import LockError
+
+        raise LockError(f"{lockmod.lock_path(loaded.root)}: {why}.",
+                        hint="run `qwen38build lock` to re-pin it")
+    spec = loaded.recipe.sources[name]
+    return Step(
+        kind="source", implementation=implementation("source"), name=name,
+        params={"tree_sha256": locked.tree_sha256},
+        hints={"repository": spec.repository, "commit": spec.commit, "paths": list(spec.paths),
+               "archive": spec.archive, "mirrors": [str(m) for m in loaded.mirrors()]},
+    )
+
+
+def fa2_steps(loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel],
+              archs: list[str] | None = None) -> list[Step]:
+    """FA2: the pinned tree → the diff applied at fuzz 0 → a library per arch (the locked
+    nvcc, ``fa2/build.py`` as the builder) → the fa2fp8 wheel."""
+    import os
+
+    from qwen38build.inputs.recipe import normalise_arch
+    from qwen38build.inputs.tree import tree_files
+
+    r, root = loaded.recipe, loaded.root
+    tree, cutlass = source_step(loaded, r.fa2.source), source_step(loaded, r.fa2.cutlass)
+    assert tree is not None and cutlass is not None, "fa2_missing() said FA2 can be built"
+    diff = root / r.fa2.diff
+    patched = Step(
+        kind="tree-patch", implementation=implementation("tree-patch"), name="fa2-patched",
+        params={"gnu_patch": r.toolchain.gnu_patch},
+        inputs=((diff.name, sha256_file(diff)),), input_paths={diff.name: diff},
+        deps=(("tree", tree),),
+    )
+    folder = (root / r.fa2.build).parent
+    builder = {n: p for n, p in tree_files(folder, ".")
+               if n in ("build.py", "build.toml") or n.startswith("csrc/")}
+    tc = toolchain_step(loaded, locked)
+    libs = [
+        Step(kind="fa2-lib", implementation=implementation("fa2-lib"),
+             name=f"fa2-sm_{a.replace('.', '')}", params={"arch": a},
+             inputs=tuple((n, sha256_file(p)) for n, p in builder.items()),
+             input_paths=builder, hints={"jobs": os.cpu_count() or 1},
+             deps=(("tree", patched), ("cutlass", cutlass), ("toolchain", tc)))
+        for a in ([normalise_arch(a) for a in archs] if archs else r.cuda.archs)
+    ]
+    package = dict(tree_files(folder, "python/fa2fp8"))
+    wheel = Step(
+        kind="fa2-wheel", implementation=implementation("fa2-wheel"), name="fa2-wheel",
+        params={"version": "0.1.0"},
+        inputs=tuple((n, sha256_file(p)) for n, p in package.items()), input_paths=package,
+        deps=tuple((lib.name, lib) for lib in libs),
+    )
+    return [tree, cutlass, patched, *libs, wheel]
 
 
 def toolchain_step(loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel]) -> Step:

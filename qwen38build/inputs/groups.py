@@ -43,15 +43,24 @@ class Overlay:
 
 
 def overlay_folder(loaded: LoadedRecipe, group: Group) -> Path | None:
-    """Where ``group``'s overlay is read from, or None when it has none."""
-    if group.overlay is None:
+    """Where ``group``'s local overlay is read from, or None when it has none here (none
+    at all, or one in its source tree)."""
+    if group.overlay is None or group.source is not None:
         return None
     return loaded.root / group.dir / group.overlay
 
 
+def source_overlay(group: Group) -> str | None:
+    """The folder of ``group``'s source tree that is its overlay (``.``: the whole tree),
+    or None when the group has no source."""
+    if group.source is None:
+        return None
+    return (group.overlay or ".").strip("/") or "."
+
+
 def overlay_of(loaded: LoadedRecipe, group: Group) -> Overlay | None:
-    """``group``'s overlay with its files checked against its MANIFEST (InputError on a
-    link, an unlisted file or other bytes), or None when it has none."""
+    """``group``'s local overlay with its files checked against its MANIFEST (InputError
+    on a link, an unlisted file or other bytes), or None when it has none here."""
     folder = overlay_folder(loaded, group)
     if folder is None:
         return None
@@ -59,18 +68,29 @@ def overlay_of(loaded: LoadedRecipe, group: Group) -> Overlay | None:
 
 
 def overlay_paths(loaded: LoadedRecipe, group: Group) -> list[str]:
-    """The package-relative paths of ``group``'s overlay, unchecked (the folder's files as
-    its MANIFEST must list them): what bump compares with a new pin."""
+    """The package-relative paths of ``group``'s local overlay, unchecked (the folder's
+    files as its MANIFEST must list them): what bump compares with a new pin."""
     folder = overlay_folder(loaded, group)
     return [] if folder is None or not folder.is_dir() else source_files(folder)
 
 
+def locked_trees(loaded: LoadedRecipe) -> set[str]:
+    """The names of the ``[sources.*]`` trees the lock pins (none without a lock)."""
+    from qwen38build.inputs import lock as lockmod
+
+    if not lockmod.lock_path(loaded.root).is_file():
+        return set()
+    return set(lockmod.read_trees(loaded.root))
+
+
 def built_groups(loaded: LoadedRecipe, with_: Sequence[str] = ()) -> list[Group]:
     """The groups a build applies, in series order: every group not optional, and each
-    optional one that is enabled or named in ``with_`` (UsageError for a name that is no
-    optional group of the recipe)."""
+    optional one that is enabled or named in ``with_``, leaving out those whose source the
+    lock does not pin. UsageError for a name in ``with_`` that is no optional group of
+    the recipe, or whose source is not locked."""
     groups = loaded.recipe.series.groups
-    optional = {g.dir for g in groups if g.optional}
+    optional = {g.dir: g for g in groups if g.optional}
+    trees = locked_trees(loaded) if any(g.source for g in groups) else set()
     for name in with_:
         if name not in optional:
             what = "is not optional (it is always built)" if any(
@@ -80,12 +100,29 @@ def built_groups(loaded: LoadedRecipe, with_: Sequence[str] = ()) -> list[Group]
                 hint="name an optional group of recipe.toml's [[series.groups]]: "
                 + (", ".join(sorted(optional)) or "there is none"),
             )
-    return [g for g in groups if not g.optional or g.enabled or g.dir in with_]
+        source = optional[name].source
+        if source is not None and source not in trees:
+            raise UsageError(
+                f"command line: --with {name!r}: its source {source!r} is not locked "
+                "(lock/sources.json pins no such tree), so the group cannot be built.",
+                hint="put the tree's archive in a mirror folder ([fetch] mirrors or "
+                "$QWEN38BUILD_SOURCES) and run `qwen38build lock`; or build without it",
+            )
+    return [g for g in groups if (not g.optional or g.enabled or g.dir in with_)
+            and (g.source is None or g.source in trees)]
 
 
 def not_built(loaded: LoadedRecipe, built: Sequence[Group]) -> list[tuple[str, str]]:
-    """(group dir, why) for each optional group the build leaves out."""
+    """(group dir, why) for each group the build leaves out."""
     names = {g.dir for g in built}
-    return [(g.dir, "optional, not requested (build --with " + g.dir + ", or set enabled = "
-             "true in its [[series.groups]])")
-            for g in loaded.recipe.series.groups if g.dir not in names]
+    out = []
+    for g in loaded.recipe.series.groups:
+        if g.dir in names:
+            continue
+        if g.source is not None and g.source not in locked_trees(loaded):
+            out.append((g.dir, f"its source {g.source!r} is not locked (lock/sources.json); "
+                        "the stack builds without it"))
+        else:
+            out.append((g.dir, f"optional, not requested (build --with {g.dir}, or set "
+                        "enabled = true in its [[series.groups]])"))
+    return out

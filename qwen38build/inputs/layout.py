@@ -55,7 +55,7 @@ def path_problems(loaded: LoadedRecipe) -> list[str]:
     checks += [("pthfa.path", r.pthfa.path, "dir"), ("fa2.diff", r.fa2.diff, "file")]
     problems = overlay_problems(loaded)
     checks += [(f"series.groups.{i}.overlay", f"{g.dir}/{g.overlay}", "dir")
-               for i, g in enumerate(r.series.groups) if g.overlay is not None]
+               for i, g in enumerate(r.series.groups) if g.overlay is not None and not g.source]
     for where, rel, want in checks:
         why = outside_problem(root, rel, want=want)
         if why is not None:
@@ -73,8 +73,9 @@ def path_problems(loaded: LoadedRecipe) -> list[str]:
 
 
 def overlay_problems(loaded: LoadedRecipe) -> list[str]:
-    """A group's overlay is a folder below the group's own, named without ``..``; a
-    local one must exist (its files are an input of every build of the group)."""
+    """A group's overlay is a folder below the group's own (or its source tree's top),
+    named without ``..``; a local one must exist (its files are an input of every build of
+    the group)."""
     problems = []
     for i, g in enumerate(loaded.recipe.series.groups):
         if g.overlay is None:
@@ -82,9 +83,10 @@ def overlay_problems(loaded: LoadedRecipe) -> list[str]:
         where = f"series.groups.{i}.overlay"
         parts = g.overlay.replace("\\", "/").split("/")
         if os.path.isabs(g.overlay) or ".." in parts or not g.overlay.strip("./"):
+            inside = f"source tree {g.source!r}" if g.source else f"folder {g.dir}/"
             problems.append(f"{where}: {g.overlay!r} must name a folder inside the group's "
-                            f"folder {g.dir}/ (relative, no '..')")
-        elif os.path.isdir(loaded.root / g.dir) and not os.path.lexists(
+                            f"{inside} (relative, no '..')")
+        elif g.source is None and os.path.isdir(loaded.root / g.dir) and not os.path.lexists(
                 loaded.root / g.dir / g.overlay):
             problems.append(f"{where}: folder {g.dir}/{g.overlay}/ does not exist; create "
                             "it (with its MANIFEST) or remove the overlay key")

@@ -38,6 +38,17 @@ class LockedWheel:
     size: int
 
 
+@dataclass(frozen=True)
+class LockedTree:
+    """A ``[sources.*]`` tree pinned by the hash of its content (trees/treehash.py)."""
+
+    name: str
+    repository: str
+    commit: str
+    paths: tuple[str, ...]
+    tree_sha256: str
+
+
 def lock_path(root: Path) -> Path:
     return root / LOCK_DIR / SOURCES
 
@@ -77,11 +88,51 @@ def read(root: Path) -> dict[str, LockedWheel]:
     return {e["name"]: LockedWheel(**e) for e in data["sources"]}
 
 
+def read_trees(root: Path) -> dict[str, LockedTree]:
+    """The lock's source trees by name (none in a lock written before trees were)."""
+    read(root)  # every problem of the file, the trees' included, is raised there
+    data = json.loads(lock_path(root).read_bytes())
+    return {t["name"]: LockedTree(t["name"], t["repository"], t["commit"], tuple(t["paths"]),
+                                  t["tree_sha256"]) for t in data.get("trees", [])}
+
+
+def _tree_problems(trees: object) -> list[str]:
+    if not isinstance(trees, list):
+        return [f"trees: must be a list, not {type(trees).__name__}"]
+    problems: list[str] = []
+    names: set[str] = set()
+    want = ("commit", "name", "paths", "repository", "tree_sha256")
+    for i, t in enumerate(trees):
+        where = f"trees[{i}]"
+        if not isinstance(t, dict):
+            problems.append(f"{where}: must be an object, not {type(t).__name__}")
+            continue
+        problems += [f"{where}.{k}: unknown key" for k in sorted(set(t) - set(want))]
+        problems += [f"{where}.{k}: missing" for k in want if k not in t]
+        for k in ("name", "repository", "commit"):
+            if k in t and (not isinstance(t[k], str) or not t[k]):
+                problems.append(f"{where}.{k}: {t[k]!r} is not a plain non-empty string")
+        if "tree_sha256" in t and not (isinstance(t["tree_sha256"], str)
+                                       and _SHA256_RE.fullmatch(t["tree_sha256"])):
+            problems.append(f"{where}.tree_sha256: {t['tree_sha256']!r} is not 64 lowercase "
+                            "hex digits")
+        if "paths" in t and not (isinstance(t["paths"], list)
+                                 and all(isinstance(x, str) for x in t["paths"])):
+            problems.append(f"{where}.paths: must be a list of strings")
+        if isinstance(t.get("name"), str):
+            if t["name"] in names:
+                problems.append(f"{where}.name: {t['name']!r} is locked twice")
+            names.add(t["name"])
+    return problems
+
+
 def _problems(data: object) -> list[str]:
     """Every problem of the parsed lock, each as ``PLACE: what is wrong``."""
     if not isinstance(data, dict):
         return [f"(top): must be a JSON object, not {type(data).__name__}"]
-    problems = [f"{k}: unknown key" for k in sorted(set(data) - {"format", "sources"})]
+    problems = [f"{k}: unknown key" for k in sorted(set(data) - {"format", "sources", "trees"})]
+    if "trees" in data:
+        problems += _tree_problems(data["trees"])
     if data.get("format") != FORMAT or isinstance(data.get("format"), bool):
         problems.append(f"format: must be {FORMAT}, not {data.get('format')!r}")
     sources = data.get("sources")
@@ -146,17 +197,36 @@ def _entry_problems(entry: dict[str, object]) -> list[str]:
     return problems
 
 
-def write(root: Path, entries: list[LockedWheel]) -> Path:
+def write(root: Path, entries: list[LockedWheel], trees: list[LockedTree] | None = None) -> Path:
+    """Write the lock: ``trees`` None keeps the trees the lock already holds."""
     path = lock_path(root)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if trees is None:
+        trees = list(read_trees(root).values()) if path.exists() else []
     body: dict[str, object] = {
         "format": FORMAT,
         "sources": [asdict(e) for e in sorted(entries, key=lambda e: e.name)],
     }
+    if trees:
+        body["trees"] = [{**asdict(t), "paths": list(t.paths)}
+                         for t in sorted(trees, key=lambda t: t.name)]
     from qwen38build.files import atomic_write
 
     atomic_write(path, (json.dumps(body, indent=2, sort_keys=True) + "\n").encode())
     return path
+
+
+def tree_mismatch(loaded: LoadedRecipe, name: str, locked: LockedTree | None) -> str | None:
+    """Why the lock's tree does not serve the recipe's ``[sources.<name>]``, or None."""
+    spec = loaded.recipe.sources[name]
+    if locked is None:
+        return f"source {name!r} is not locked"
+    for key, want, have in (("repository", spec.repository, locked.repository),
+                            ("commit", spec.commit, locked.commit),
+                            ("paths", tuple(spec.paths), locked.paths)):
+        if want != have:
+            return f"sources.{name}.{key} is {have!r} in the lock but {want!r} in the recipe"
+    return None
 
 
 def mismatch(

@@ -109,13 +109,16 @@ class Group(_Model):
     ``overlay``: a folder of files (relative to the group's folder) copied into the package
     tree before the group's patches apply, each file listed with its sha256 in the folder's
     MANIFEST. ``optional``: built only when asked (``build --with DIR``) or when
-    ``enabled``; the build hash says which groups were built."""
+    ``enabled``; the build hash says which groups were built. ``source``: a
+    ``[sources.<name>]`` tree the overlay comes from (``overlay`` is then a folder of that
+    tree, its top by default): until the lock pins it, the group is declared, not built."""
 
     dir: str
     patches: list[PatchName] = Field(default_factory=list)
     optional: StrictBool = False
     enabled: StrictBool = False
     overlay: str | None = None
+    source: str | None = None
 
     @model_validator(mode="after")
     def _enabled_needs_optional(self) -> Group:
@@ -132,13 +135,49 @@ class Series(_Model):
     retired: list[str] = Field(default_factory=list)
 
 
-class Fa2(_Model):
-    """The fp8-KV FlashAttention-2 diff against the commit vLLM pins."""
+def _check_source_path(value: str) -> str:
+    p = value.strip("/")
+    if not p or value != p or "\\" in value or any(x in ("", ".", "..") for x in p.split("/")):
+        raise ValueError(f"{value!r} is not a relative path inside the repository")
+    return value
 
-    repository: str
-    # None until someone reads the commit vLLM's build pins; plan then says so plainly.
-    commit: Commit | None = None
+
+def _check_commit40(value: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{40}", value):
+        raise ValueError(f"{value!r} is not a full git commit (40 lowercase hex digits)")
+    return value
+
+
+class SourceTree(_Model):
+    """A fixed-output source tree (Nix: a fixed-output derivation): a repository's files
+    at a commit, only those below ``paths`` (all when empty). The lock pins a hash of the
+    tree by content; ``archive`` is the origin's archive URL (``{commit}`` is replaced; a
+    GitHub repository needs none)."""
+
+    repository: Annotated[str, Field(min_length=1)]
+    commit: Annotated[str, AfterValidator(_check_commit40)]
+    paths: list[Annotated[str, AfterValidator(_check_source_path)]] = Field(
+        default_factory=list)
+    archive: str | None = None
+
+
+class Fetch(_Model):
+    """Where fixed-output inputs are looked for before the network: folders (relative to
+    the recipe) of wheels and of source trees' archives; one that does not exist is passed
+    over. ``$QWEN38BUILD_SOURCES`` adds more."""
+
+    mirrors: list[str] = Field(default_factory=list)
+
+
+class Fa2(_Model):
+    """The fp8-KV FlashAttention-2 diff against a pinned tree of vllm-project's fork:
+    ``source`` and ``cutlass`` name ``[sources.*]`` trees, ``diff`` applies to the first at
+    fuzz 0, ``build`` describes the library built from it per arch."""
+
+    source: str
+    cutlass: str
     diff: str
+    build: str = "fa2/build.toml"
 
 
 class Pthfa(_Model):
@@ -176,7 +215,8 @@ class Waiver(_Model):
     several), and the ``reason``. Printed on every build and kept in the build record; a
     waiver that matches no finding is itself a finding."""
 
-    rule: Literal["headers", "series", "env-knobs", "diff-hygiene", "enum-alias", "provenance"]
+    rule: Literal["headers", "series", "env-knobs", "diff-hygiene", "enum-alias", "provenance",
+                  "fa2-upstream"]
     patch: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")]
     contains: str = ""
     reason: Annotated[str, Field(min_length=10)]
@@ -207,8 +247,8 @@ class Environment(_Model):
         return value
 
 
-Output = Literal["vllm", "pthfa", "pylock"]
-OUTPUTS: tuple[Output, ...] = ("vllm", "pthfa", "pylock")
+Output = Literal["vllm", "pthfa", "fa2", "pylock"]
+OUTPUTS: tuple[Output, ...] = ("vllm", "pthfa", "fa2", "pylock")
 
 
 class Build(_Model):
@@ -238,6 +278,20 @@ class Recipe(_Model):
     lint: Lint = Field(default_factory=Lint)
     environment: Environment | None = None  # None: the vLLM wheel's platform
     build: Build = Field(default_factory=Build)
+    sources: dict[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")], SourceTree] = Field(
+        default_factory=dict)
+    fetch: Fetch = Field(default_factory=Fetch)
+
+    @model_validator(mode="after")
+    def _sources_named(self) -> Recipe:
+        for key, name in (("fa2.source", self.fa2.source), ("fa2.cutlass", self.fa2.cutlass)):
+            if name not in self.sources:
+                raise ValueError(f"{key}: {name!r} names no [sources.{name}] table")
+        for i, g in enumerate(self.series.groups):
+            if g.source is not None and g.source not in self.sources:
+                raise ValueError(f"series.groups.{i}.source: {g.source!r} names no "
+                                 f"[sources.{g.source}] table")
+        return self
 
 
 @dataclass(frozen=True)
@@ -268,6 +322,12 @@ class LoadedRecipe:
     @property
     def root(self) -> Path:
         return self.path.parent
+
+    def mirrors(self) -> list[Path]:
+        """The recipe's mirror folders, then ``$QWEN38BUILD_SOURCES``'s."""
+        from qwen38build.inputs.env import source_dirs
+
+        return [self.root / m for m in self.recipe.fetch.mirrors] + source_dirs()
 
     def series_entries(self, groups: Collection[str] | None = None) -> list[SeriesEntry]:
         """Every patch of the series in order, or of the groups named in ``groups``."""
@@ -327,6 +387,6 @@ def _describe(err: Any) -> str:
     if kind == "missing":
         return f"{loc}: required key is missing"
     msg = str(err["msg"]).removeprefix("Value error, ")
-    return f"{loc}: {msg}"
+    return f"{loc}: {msg}" if loc else msg
 
 

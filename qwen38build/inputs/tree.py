@@ -52,6 +52,28 @@ def manifest_files(root: Path, sub: str, *, suffixes: tuple[str, ...] | None = N
     """The regular files under ``root/sub`` (relative to ``sub``, sorted), each one listed
     with its bytes in ``root``'s MANIFEST; ``suffixes`` narrows them (``.cu``, ...)."""
     listed = read_manifest(root)
+    found = []
+    for rel, path in _regular_files(root, sub, suffixes):
+        want = listed.get(rel)
+        if want is None:
+            raise InputError(f"{path}: not listed in {root.name}/{MANIFEST}.", hint=_HINT)
+        if sha256_file(path) != want:
+            raise InputError(f"{path}: its bytes differ from {root.name}/{MANIFEST}.",
+                             hint=_HINT)
+        found.append((path.relative_to(root / sub).as_posix(), path))
+    return sorted(found)
+
+
+def tree_files(root: Path, sub: str) -> list[tuple[str, Path]]:
+    """The regular files under ``root/sub`` of a tree of our own (no MANIFEST: ``fa2/``),
+    read as safely as a vendored one: a link or a device is refused, never followed."""
+    return sorted((path.relative_to(root / sub).as_posix(), path)
+                  for _, path in _regular_files(root, sub, None))
+
+
+def _regular_files(root: Path, sub: str, suffixes: tuple[str, ...] | None
+                   ) -> list[tuple[str, Path]]:
+    """(path relative to ``root``, path) of every source file under ``root/sub``."""
     top = root / sub
     if top.is_symlink() or not top.is_dir():
         raise InputError(f"{top}: not a folder of the tree (a link, or missing).", hint=_HINT)
@@ -64,7 +86,7 @@ def manifest_files(root: Path, sub: str, *, suffixes: tuple[str, ...] | None = N
             path = Path(dirpath, name)
             mode = os.lstat(path).st_mode
             if stat.S_ISLNK(mode):
-                raise InputError(f"{path}: a symbolic link in the vendored tree {root.name}/; "
+                raise InputError(f"{path}: a symbolic link in the tree {root.name}/; "
                                  "links are never followed into a build.", hint=_HINT)
             if stat.S_ISDIR(mode):
                 continue
@@ -75,14 +97,8 @@ def manifest_files(root: Path, sub: str, *, suffixes: tuple[str, ...] | None = N
             if rel in PIN_FILES or ignored(rel, ignore) or (
                     suffixes and not name.endswith(suffixes)):
                 continue
-            want = listed.get(rel)
-            if want is None:
-                raise InputError(f"{path}: not listed in {root.name}/{MANIFEST}.", hint=_HINT)
-            if sha256_file(path) != want:
-                raise InputError(f"{path}: its bytes differ from {root.name}/{MANIFEST}.",
-                                 hint=_HINT)
-            found.append((path.relative_to(top).as_posix(), path))
-    return sorted(found)
+            found.append((rel, path))
+    return found
 
 
 def source_files(root: Path) -> list[str]:

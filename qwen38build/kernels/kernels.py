@@ -39,6 +39,7 @@ __all__ = [
     "compile_arch",
     "cubin_sm",
     "nvcc_version",
+    "write_kernel_wheel",
     "write_pthfa_wheel",
 ]
 
@@ -251,15 +252,34 @@ def write_pthfa_wheel(
     tag: str = "py3-none-linux_x86_64",
     entry_points: bytes | None = None,
 ) -> Path:
-    """Write ``pthfa-<version>-<tag>.whl`` into ``out_dir``; same inputs, same bytes.
+    """pthfa's wheel: the package ``pthfa/python/pthfa`` and the cubins under ``cubins/``;
+    ``entry_points`` becomes the dist-info's (pthfa's vLLM plugin registration)."""
+    return write_kernel_wheel(
+        "pthfa", package_dir, cubins, out_dir, version, epoch=epoch, tag=tag,
+        entry_points=entry_points, subdir="cubins",
+        summary="int8 per-token-head paged KV cache attention kernels (cubins + launcher)")
 
-    ``entry_points`` becomes the dist-info's ``entry_points.txt`` (pthfa's vLLM plugin
-    registration, ``pthfa/entry_points.txt``).
 
-    ``package_dir`` is the Python package (``pthfa/python/pthfa``): its files go under
-    ``pthfa/`` (``__pycache__``, ``*.pyc`` and any ``cubins/`` already there left out); the
-    ``cubins`` (and ``.ptx`` files) go under ``pthfa/cubins/`` by file name. Members are
-    sorted, dated 1980-01-01 (or ``epoch``, e.g. SOURCE_DATE_EPOCH), mode 0o644, deflated.
+def write_kernel_wheel(
+    dist_name: str,
+    package_dir: Path,
+    binaries: list[Path],
+    out_dir: Path,
+    version: str,
+    *,
+    summary: str,
+    subdir: str,
+    epoch: int | None = None,
+    tag: str = "py3-none-linux_x86_64",
+    entry_points: bytes | None = None,
+) -> Path:
+    """Write ``<dist_name>-<version>-<tag>.whl`` into ``out_dir``; same inputs, same bytes.
+
+    ``package_dir`` is the Python package: its files go under ``<dist_name>/``
+    (``__pycache__``, ``*.pyc`` and any ``<subdir>/`` already there left out); the
+    ``binaries`` (cubins, PTX, shared libraries) under ``<dist_name>/<subdir>/`` by file
+    name. Members are sorted, dated 1980-01-01 (or ``epoch``, e.g. SOURCE_DATE_EPOCH),
+    mode 0o644, deflated.
     """
     ver = _wheel_version(version)
     if not (package_dir / "__init__.py").is_file():
@@ -269,21 +289,21 @@ def write_pthfa_wheel(
         rel = path.relative_to(package_dir)
         if not path.is_file() or "__pycache__" in rel.parts or path.suffix == ".pyc":
             continue
-        if rel.parts[0] == "cubins":
+        if rel.parts[0] == subdir:
             continue
-        files[f"pthfa/{rel.as_posix()}"] = path.read_bytes()
+        files[f"{dist_name}/{rel.as_posix()}"] = path.read_bytes()
     seen: set[str] = set()
-    for cub in cubins:
-        if cub.name in seen:
-            raise KernelBuildError(f"two cubins share the file name {cub.name!r}")
-        seen.add(cub.name)
-        files[f"pthfa/cubins/{cub.name}"] = cub.read_bytes()
-    dist = f"pthfa-{ver}.dist-info"
+    for binary in binaries:
+        if binary.name in seen:
+            raise KernelBuildError(f"two {subdir} share the file name {binary.name!r}")
+        seen.add(binary.name)
+        files[f"{dist_name}/{subdir}/{binary.name}"] = binary.read_bytes()
+    dist = f"{dist_name}-{ver}.dist-info"
     files[f"{dist}/METADATA"] = (
         "Metadata-Version: 2.1\n"
-        "Name: pthfa\n"
+        f"Name: {dist_name}\n"
         f"Version: {ver}\n"
-        "Summary: int8 per-token-head paged KV cache attention kernels (cubins + launcher)\n"
+        f"Summary: {summary}\n"
         "Requires-Python: >=3.10\n"
     ).encode()
     files[f"{dist}/WHEEL"] = (
@@ -299,7 +319,7 @@ def write_pthfa_wheel(
         {name: (record.hash_of(data), len(data)) for name, data in files.items()}, record_name)
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"pthfa-{ver}-{tag}.whl"
+    out = out_dir / f"{dist_name}-{ver}-{tag}.whl"
     tmp = out.with_name(out.name + ".tmp")
     date_time = _zip_time(epoch)
     # RECORD last, as the wheel spec recommends; everything else sorted.

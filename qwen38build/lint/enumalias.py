@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from qwen38build.lint.finding import Context, Finding
 from qwen38build.series.diff import Hunk
@@ -120,7 +120,7 @@ def _members(cls: ast.ClassDef) -> dict[str, tuple[object, int]]:
     return members
 
 
-def _added_line(hunks: list[Hunk], name: str) -> int:
+def _added_line(hunks: Sequence[Hunk], name: str) -> int:
     """The patch file's line adding ``name = ...``, or the first hunk's."""
     pattern = re.compile(rf"^\s*{re.escape(name)}\s*[:=]")
     first = 1

@@ -37,27 +37,14 @@ def _overlays(ctx: Context) -> Iterator[Finding]:
 
 def _fa2(ctx: Context) -> Iterator[Finding]:
     fa2 = ctx.recipe.fa2
+    source = ctx.recipe.sources[fa2.source]  # the recipe refuses an fa2.source it lacks
     diff = ctx.root / fa2.diff
     readme = diff.parent / "README.md"
     from qwen38build.engine.reads import probe
 
     probe(diff)  # its presence decides the rule: the no-op's key must cover it
-    if fa2.commit is None:
-        if diff.exists():
-            yield ctx.finding(
-                ctx.loaded.path, ctx.recipe_line("[fa2]"), "provenance",
-                f"{fa2.diff} exists but recipe.toml pins no fa2.commit, so nothing says "
-                "which flash-attention tree it was cut against.",
-                "set fa2.commit to the flash-attention commit vLLM pins, and name it in "
-                f"{ctx.rel(readme).as_posix()}",
-            )
-        return  # declared, not written yet: nothing to check
     if not diff.is_file():
-        yield ctx.finding(
-            ctx.loaded.path, ctx.recipe_line("diff", ctx.recipe_line("[fa2]")), "provenance",
-            f"recipe.toml pins fa2.commit {fa2.commit} but {fa2.diff} does not exist.",
-            f"write the diff to {fa2.diff}, or unset fa2.commit until it exists",
-        )
+        return  # declared, not written yet: plan says so; nothing to check
     try:
         text = readme.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
@@ -65,25 +52,25 @@ def _fa2(ctx: Context) -> Iterator[Finding]:
             readme, 1, "provenance",
             f"{ctx.rel(readme).as_posix()} is missing; it must name the repository and the "
             "commit the fa2 diff is cut against.",
-            f"write it, naming {fa2.repository} and commit {fa2.commit}",
+            f"write it, naming {source.repository} and commit {source.commit}",
         )
         return
-    repo = fa2.repository.removesuffix("/").removesuffix(".git")
+    repo = source.repository.removesuffix("/").removesuffix(".git")
     short = "/".join(repo.split("/")[-2:])
     if repo not in text and short not in text:
         yield ctx.finding(
             readme, 1, "provenance",
-            f"{ctx.rel(readme).as_posix()} does not name the repository {fa2.repository} "
-            "that recipe.toml pins.",
-            f"name {fa2.repository} in the README, or fix fa2.repository in recipe.toml",
+            f"{ctx.rel(readme).as_posix()} does not name the repository {source.repository} "
+            f"of [sources.{fa2.source}] in recipe.toml.",
+            f"name {source.repository} in the README, or fix the recipe's source",
         )
-    commit = fa2.commit.lower()
+    commit = source.commit.lower()
     named = [t.lower() for t in HEX_RE.findall(text)]
     if not any(t.startswith(commit) or commit.startswith(t) for t in named):
         yield ctx.finding(
             readme, 1, "provenance",
-            f"{ctx.rel(readme).as_posix()} does not name commit {fa2.commit}, the one "
-            "recipe.toml pins for fa2.",
+            f"{ctx.rel(readme).as_posix()} does not name commit {source.commit}, the one "
+            f"[sources.{fa2.source}] pins.",
             "name the commit the diff is cut against in the README, and make recipe.toml "
             "pin the same",
         )

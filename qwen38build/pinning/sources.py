@@ -1,9 +1,10 @@
-"""lock and lock --check: pin the recipe's sources (the vLLM wheel and the CUDA toolchain's
-wheels) by fetching them once."""
+"""lock and lock --check: pin the recipe's sources (the vLLM wheel, the CUDA toolchain's
+wheels, the ``[sources.*]`` trees) by fetching them once."""
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from qwen38build.digest import sha256_file
@@ -26,21 +27,55 @@ def check_lock(loaded: LoadedRecipe) -> None:
     locked = lockmod.read(loaded.root)
     locked_vllm(loaded, locked)
     toolchain.locked_toolchain(loaded, locked)
+    trees = lockmod.read_trees(loaded.root)
+    for name in loaded.recipe.sources:
+        why = lockmod.tree_mismatch(loaded, name, trees.get(name))
+        if why is not None:
+            raise LockError(f"{lockmod.lock_path(loaded.root)}: the lock does not match "
+                            f"{loaded.path.name}: {why}.", hint="run `qwen38build lock`")
+
+
+def pin_trees(loaded: LoadedRecipe, *, say: Callable[[str], None] = lambda _: None,
+              ) -> list[lockmod.LockedTree]:
+    """Each ``[sources.*]`` tree pinned by its hash: a tree the lock already holds for the
+    same repository, commit and paths is kept as it is (only what changed is re-pinned);
+    the others are obtained (a mirror, else the origin) and hashed. Nothing is written."""
+    from qwen38build.cache.config import offline_env
+    from qwen38build.trees.obtain import TreeRequest, obtain
+
+    have = lockmod.read_trees(loaded.root) if lockmod.lock_path(loaded.root).is_file() else {}
+    out = []
+    for name, spec in sorted(loaded.recipe.sources.items()):
+        old = have.get(name)
+        if old is not None and lockmod.tree_mismatch(loaded, name, old) is None:
+            out.append(old)
+            continue
+        request = TreeRequest(name, spec.repository, spec.commit, tuple(spec.paths),
+                              spec.archive, want=None)
+        with tempfile.TemporaryDirectory(prefix="q38-tree.") as tmp:
+            got = obtain(request, loaded.mirrors(), Path(tmp), offline=offline_env(), say=say)
+        say(f"pinned source {name} ({spec.commit[:12]}): tree {got.tree_sha256[:16]}… "
+            f"from {got.origin}")
+        out.append(lockmod.LockedTree(name, spec.repository, spec.commit, tuple(spec.paths),
+                                      got.tree_sha256))
+    return out
 
 
 def relock(loaded: LoadedRecipe, store: Store) -> Path:
     """Fetch the pinned wheel and the toolchain's through pip and write lock/ with each
     one's sha256 and size."""
-    return lockmod.write(loaded.root, pin_sources(loaded, store))
+    entries = pin_sources(loaded, store)
+    return lockmod.write(loaded.root, entries, pin_trees(loaded))
 
 
 def lock_all(loaded: LoadedRecipe, store: Store) -> tuple[Path, Path]:
     """``lock``: pin the sources and lock the environment, then write both, so a refusal
     of either (a torch the pin excludes, an index that fails) leaves lock/ as it was."""
     entries = pin_sources(loaded, store)
+    trees = pin_trees(loaded)
     entry = locked_vllm(loaded, {e.name: e for e in entries})
     env = pylock.compute(loaded, entry, wheel_in_store(loaded, store, entry))
-    return lockmod.write(loaded.root, entries), pylock.write(loaded.root, env)
+    return lockmod.write(loaded.root, entries, trees), pylock.write(loaded.root, env)
 
 
 def pin_sources(loaded: LoadedRecipe, store: Store) -> list[lockmod.LockedWheel]:

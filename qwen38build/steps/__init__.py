@@ -46,6 +46,10 @@ KINDS = {
     "toolchain": "qwen38build.steps.toolchain",
     "pylock": "qwen38build.steps.pylock",
     "stack": "qwen38build.steps.stack",
+    "source": "qwen38build.steps.source",
+    "tree-patch": "qwen38build.steps.tree_patch",
+    "fa2-lib": "qwen38build.steps.fa2_lib",
+    "fa2-wheel": "qwen38build.steps.fa2_wheel",
 }
 
 

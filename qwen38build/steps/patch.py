@@ -44,9 +44,9 @@ def run(ctx: Context) -> None:
     work = ctx.scratch / package
     work.mkdir(parents=True)
     # [series index, label, package paths]: each group's overlay, copied in before its
-    # group's first patch.
-    overlays = [(int(at), str(label), [str(r) for r in rels])
-                for at, label, rels in ctx.step.params.get("overlays", [])]
+    # group's first patch (a source group's read from its tree's entry).
+    overlays = [(int(at), str(label), _overlay_files(ctx, str(label), rels, folder))
+                for at, label, rels, folder in ctx.step.params.get("overlays", [])]
     pristine: dict[str, str | None] = {}
     touched = [rel for pf in patches for rel in pf.touched_paths]
     added = [rel for _, _, rels in overlays for rel in rels]
@@ -105,15 +105,32 @@ def run(ctx: Context) -> None:
         tree.mkdir()
 
 
-def _copy_overlays(ctx: Context, overlays: list[tuple[int, str, list[str]]], work: Path,
-                   owners: dict[str, list[str]]) -> None:
+def _overlay_files(ctx: Context, label: str, rels: list[str] | None, folder: str | None
+                   ) -> dict[str, Path]:
+    """An overlay's files by package path: a local one's inputs, or the files below
+    ``folder`` of the source tree the step depends on by ``label``."""
+    if rels is not None:
+        return {str(rel): ctx.input_path(f"{label}/{rel}") for rel in rels}
+    tree = ctx.dep_entry(label)
+    prefix = "" if folder in (None, ".") else f"{folder}/"
+    found = {name[len(prefix):]: tree.file(name) for name in sorted(tree.outputs)
+             if name.startswith(prefix)}
+    if not found:
+        raise InputError(f"the overlay {label}: the source tree holds no file below "
+                         f"{folder}/.", hint="fix the group's overlay key (a folder of its "
+                         "source tree), or the source's paths")
+    return found
+
+
+def _copy_overlays(ctx: Context, overlays: list[tuple[int, str, dict[str, Path]]],
+                   work: Path, owners: dict[str, list[str]]) -> None:
     """Write each overlay's files into the package tree, owned by the overlay's label."""
-    for _, label, rels in overlays:
-        ctx.report(f"copying {label} ({len(rels)} files)")
-        for rel in rels:
+    for _, label, files in overlays:
+        ctx.report(f"copying {label} ({len(files)} files)")
+        for rel, src in files.items():
             dest = work / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(ctx.input_path(f"{label}/{rel}").read_bytes())
+            dest.write_bytes(src.read_bytes())
             owners[rel].append(label)
 
 

@@ -13,9 +13,8 @@ from pathlib import Path
 
 from qwen38build.inputs import recipe
 from qwen38build.lint import lint
-from qwen38build.lint.enumalias import enum_members
+from qwen38build.lint.enumalias import enum_aliases, enum_members
 from qwen38build.lint.finding import Context
-from qwen38build.lint.enumalias import enum_aliases
 from qwen38build.series.patchfile import PatchFile
 from tests.engine_fixtures import git_diff, patch_text
 from tests.patches.conftest import REPO, built_wheels
