@@ -17,7 +17,7 @@ from qwen38build.engine.fetch import wheel_in_store
 from qwen38build.inputs import lock, recipe
 from qwen38build.series.patchfile import PatchFile
 from qwen38build.store.store import Store
-from qwen38build.workspace import workspace
+from qwen38build.workspace import gitrepo, workspace
 from tests.bump_fixtures import NEW, PIN, Project, make_project, make_wheel, numbered
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,7 +165,7 @@ def test_rebase_carries_the_workspace_and_export_gives_patches_for_the_new_pin(
     assert report.rebase is not None and report.rebase.ok
     assert report.rebase.done == ("clean-a", "offset-b", "upstreamed-d")
     assert report.rebase.empty == ("upstreamed-d",)
-    assert workspace.git(ws, "rev-parse", "--abbrev-ref", "HEAD").strip() == f"qwen38-{NEW}"
+    assert gitrepo.git(ws, "rev-parse", "--abbrev-ref", "HEAD").strip() == f"qwen38-{NEW}"
     loaded = recipe.load(p.root / "recipe.toml")
     offset_b = p.root / "patches" / "offset-b.patch"
     written = workspace.export(loaded, ws, ["clean-a", "offset-b"])

@@ -331,3 +331,52 @@ def test_a_group_source_names_a_sources_table(
     assert project.run("plan") == 2
     assert "series.groups.1.source: 'nope' names no [sources.nope] table" in \
         capsys.readouterr().err
+
+
+# -- the workspace round trip ---------------------------------------------------------------
+
+
+def test_the_workspace_holds_the_overlay_as_a_topic_and_export_writes_it_back(
+        project: Project, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from qwen38build.store.store import Store
+    from qwen38build.workspace import gitrepo, workspace
+
+    kvarn(project)
+    loaded = recipe.load(project.root / "recipe.toml")
+    repo = workspace.create(loaded, Store(project.store), tmp_path / "ws")
+    assert gitrepo.git(repo, "log", "--reverse", "--format=%s").splitlines()[1:] == [
+        "[qwen38] route-fix", "[qwen38] knob", "[qwen38] kvarn:overlay",
+        "[qwen38] kvarn/kvq-route", "[qwen38] kvarn/kvq-knob"]
+    assert (repo / "vllm/kvq/codec.py").read_text() == OVERLAY["kvq/codec.py"]
+    assert "MANIFEST" not in gitrepo.git(repo, "ls-files")
+    before = {p: p.read_bytes() for p in sorted((project.root / "kvarn").rglob("*"))
+              if p.is_file()}
+    # an unedited round trip changes nothing, the overlay and its MANIFEST included
+    assert workspace.export(loaded, repo, check=True) == []
+    assert workspace.export(loaded, repo) == []
+    # edits to the overlay are commits folded into its topic; export writes the folder back
+    (repo / "vllm/kvq/codec.py").write_text("def encode(x):\n    return x * 3\n")
+    (repo / "vllm/kvq/tables.py").write_text("T = (1, 2)\n")
+    (repo / "vllm/kvq/__init__.py").unlink()
+    gitrepo.git(repo, "add", "-A")
+    gitrepo.git(repo, "commit", "-qm", "fixup! [qwen38] kvarn:overlay")
+    files = project.root / "kvarn/files"
+    assert sorted(workspace.export(loaded, repo, check=True)) == sorted([
+        files / "kvq/__init__.py", files / "kvq/codec.py", files / "kvq/tables.py",
+        files / "MANIFEST"])
+    assert {p: p.read_bytes() for p in before} == before  # --check wrote nothing
+    workspace.export(loaded, repo, ["kvarn:overlay"])
+    assert (files / "kvq/codec.py").read_text() == "def encode(x):\n    return x * 3\n"
+    assert (files / "kvq/tables.py").read_text() == "T = (1, 2)\n"
+    assert not (files / "kvq/__init__.py").exists()
+    assert (files / "MANIFEST").read_text() == (
+        f"{sha256(files / 'kvq/codec.py')}  kvq/codec.py\n"
+        f"{sha256(files / 'kvq/tables.py')}  kvq/tables.py\n")
+    assert workspace.export(loaded, repo, check=True) == []
+    # what export wrote is what lint and the build take
+    capsys.readouterr()
+    assert project.run("lint") == 0, capsys.readouterr()
+    built = _build(project, capsys, "--with", "kvarn")
+    members = _members(built["wheel"])
+    assert members["vllm/kvq/tables.py"] == b"T = (1, 2)\n"
+    assert "vllm/kvq/__init__.py" not in members

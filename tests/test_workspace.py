@@ -11,7 +11,7 @@ from qwen38build.errors import InputError
 from qwen38build.inputs import recipe
 from qwen38build.series.patchfile import PatchFile
 from qwen38build.store.store import Store
-from qwen38build.workspace import workspace
+from qwen38build.workspace import gitrepo, workspace
 from tests.bump_fixtures import PIN, Project, make_project, make_wheel, numbered
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def proj(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
 
 
 def subjects(repo: Path) -> list[str]:
-    return workspace.git(repo, "log", "--reverse", "--format=%s").splitlines()
+    return gitrepo.git(repo, "log", "--reverse", "--format=%s").splitlines()
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -51,21 +51,21 @@ def test_create_commits_pristine_then_one_commit_per_topic(proj: Project, tmp_pa
     assert subjects(repo) == [
         f"vllm {PIN} (pristine)", "[qwen38] alpha", "[qwen38] beta", "[qwen38] kvarn/gamma",
     ]
-    pristine = workspace.git(repo, "ls-tree", "-r", "--name-only", f"v{PIN}").split()
+    pristine = gitrepo.git(repo, "ls-tree", "-r", "--name-only", f"v{PIN}").split()
     # text members only: the compiled library stays out
     assert pristine == ["vllm/__init__.py", "vllm/a.py", "vllm/configs/x.json", "vllm/sub/b.py"]
-    body = workspace.git(repo, "log", "-1", "--format=%B", "HEAD~2")
+    body = gitrepo.git(repo, "log", "-1", "--format=%B", "HEAD~2")
     assert body.startswith("[qwen38] alpha\n\nWhy alpha is right")
     assert "# a line that starts like a comment" in body
     assert "Retires-when: upstream PR" in body
     assert (repo / "vllm" / "a.py").read_text().count("gamma") == 1
-    assert not workspace.git(repo, "status", "--porcelain")
+    assert not gitrepo.git(repo, "status", "--porcelain")
 
 
 def test_same_series_gives_same_commit_ids(proj: Project, tmp_path: Path) -> None:
     one = workspace.create(proj.loaded(), proj.store, tmp_path / "one")
     two = workspace.create(proj.loaded(), proj.store, tmp_path / "two")
-    assert workspace.git(one, "rev-parse", "HEAD") == workspace.git(two, "rev-parse", "HEAD")
+    assert gitrepo.git(one, "rev-parse", "HEAD") == gitrepo.git(two, "rev-parse", "HEAD")
 
 
 def test_round_trip_is_byte_identical(proj: Project, tmp_path: Path) -> None:
@@ -84,9 +84,9 @@ def test_create_refuses_a_directory_that_is_not_empty(proj: Project, tmp_path: P
 
 
 def commit_all(repo: Path, subject: str) -> str:
-    workspace.git(repo, "add", "-A")
-    workspace.git(repo, "commit", "-q", "-m", subject)
-    return workspace.git(repo, "rev-parse", "HEAD").strip()
+    gitrepo.git(repo, "add", "-A")
+    gitrepo.git(repo, "commit", "-q", "-m", subject)
+    return gitrepo.git(repo, "rev-parse", "HEAD").strip()
 
 
 def test_edited_topic_is_exported_with_its_new_commit(proj: Project, tmp_path: Path) -> None:
@@ -95,10 +95,10 @@ def test_edited_topic_is_exported_with_its_new_commit(proj: Project, tmp_path: P
     # amend the last topic (kvarn/gamma): change its diff and its prose
     p = repo / "vllm" / "a.py"
     p.write_text(p.read_text().replace("a line 25 gamma", "a line 25 gamma v2"))
-    workspace.git(repo, "add", "-A")
-    msg = workspace.git(repo, "log", "-1", "--format=%B").replace("Why gamma", "Why gamma, v2,")
-    workspace.git(repo, "commit", "-q", "--amend", "--cleanup=verbatim", "-F", "-", stdin=msg)
-    head = workspace.git(repo, "rev-parse", "HEAD").strip()
+    gitrepo.git(repo, "add", "-A")
+    msg = gitrepo.git(repo, "log", "-1", "--format=%B").replace("Why gamma", "Why gamma, v2,")
+    gitrepo.git(repo, "commit", "-q", "--amend", "--cleanup=verbatim", "-F", "-", stdin=msg)
+    head = gitrepo.git(repo, "rev-parse", "HEAD").strip()
     gamma = proj.root / "kvarn" / "gamma.patch"
     assert workspace.export(loaded, repo, check=True) == [gamma]
     assert workspace.export(loaded, repo) == [gamma]
@@ -133,10 +133,10 @@ def test_export_writes_the_finished_topics_and_names_the_unfinished(
     from qwen38build.cli import main
 
     repo = workspace.create(proj.loaded(), proj.store, tmp_path / "ws")
-    workspace.git(repo, "reset", "-q", "--hard", "HEAD~2")  # beta and gamma not done yet
+    gitrepo.git(repo, "reset", "-q", "--hard", "HEAD~2")  # beta and gamma not done yet
     p = repo / "vllm" / "a.py"
     p.write_text(p.read_text().replace("a line 10 alpha", "a line 10 alpha v2"))
-    workspace.git(repo, "commit", "-q", "-a", "--amend", "--no-edit")
+    gitrepo.git(repo, "commit", "-q", "-a", "--amend", "--no-edit")
     before = snapshot(proj.root)
     argv = ["--recipe", str(proj.root / "recipe.toml"), "--store", str(proj.store_root),
             "export", str(repo)]

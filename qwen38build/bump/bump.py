@@ -69,7 +69,7 @@ from qwen38build.pinning import pylock as envlock
 from qwen38build.proc import run
 from qwen38build.series.patchfile import PatchFile
 from qwen38build.store.store import Store
-from qwen38build.workspace import workspace
+from qwen38build.workspace import gitrepo, workspace
 from qwen38build.workspace.workspace import PACKAGE
 
 TYPE_CHECKING = False
@@ -318,8 +318,8 @@ def rebase_workspace(
     repo = repo.resolve()
     if not repo.exists() or not any(repo.iterdir()):
         workspace.create(loaded, store, repo)
-    git = workspace.git
-    workspace.local_identity(repo, keep=True)  # a workspace made before it was written
+    git = gitrepo.git
+    gitrepo.local_identity(repo, keep=True)  # a workspace made before it was written
     old_tag = workspace.pin_tag(loaded.recipe.vllm.version)
     new_tag = workspace.pin_tag(new_version)
     branch = f"{workspace.BRANCH}-{new_version}"
@@ -335,7 +335,7 @@ def rebase_workspace(
     with tempfile.TemporaryDirectory(prefix="q38-rebase.") as tmp:
         tree_dir = Path(tmp) / "tree"
         workspace.extract_package(new_wheel, tree_dir / PACKAGE, touched)
-        env = workspace.git_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
+        env = gitrepo.git_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
 
         def tgit(*args: str, stdin: str | None = None) -> str:
             return git(repo, f"--work-tree={tree_dir}", *args, stdin=stdin, env=env)
@@ -365,7 +365,7 @@ def rebase_workspace(
                 picks.append(c.sha)
     proc = run(["git", "-c", "merge.conflictStyle=diff3", "cherry-pick",
                 "--keep-redundant-commits", "--allow-empty", *picks],
-               what="git", cwd=repo, env=workspace.git_env()) if picks else None
+               what="git", cwd=repo, env=gitrepo.git_env()) if picks else None
     done: list[str] = []
     empty: list[str] = []
     for c in workspace.read_commits(repo, f"{new_tag}..HEAD"):

@@ -47,6 +47,12 @@ def read_manifest(root: Path) -> dict[str, str]:
     return out
 
 
+def manifest_text(files: dict[str, str]) -> str:
+    """A MANIFEST listing ``files`` (relative path → sha256), sorted by path, in the format
+    :func:`read_manifest` reads."""
+    return "".join(f"{sha}  {rel}\n" for rel, sha in sorted(files.items()))
+
+
 def manifest_files(root: Path, sub: str, *, suffixes: tuple[str, ...] | None = None
                    ) -> list[tuple[str, Path]]:
     """The regular files under ``root/sub`` (relative to ``sub``, sorted), each one listed

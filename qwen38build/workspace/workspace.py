@@ -7,6 +7,10 @@ has them. Patches are applied with GNU patch at fuzz 0 (the definition of "appli
 Authors, committers and dates are fixed, and git runs without the user's global or system
 configuration, so the same pin and series give the same commit ids on any machine.
 
+A series group's local overlay is a topic too (``[qwen38] <dir>:overlay``, before the
+group's first patch): :mod:`qwen38build.workspace.overlay` commits its files and exports
+them back into the overlay folder with its MANIFEST.
+
 What the pristine commit holds: every member of the wheel's ``vllm/`` package whose suffix
 is in :data:`TEXT_SUFFIXES` (Python sources, JSON configs, templates and the like), plus any
 member the series touches whatever its suffix. Compiled libraries and the vendored C/CUDA
@@ -36,11 +40,18 @@ from pathlib import Path
 from qwen38build.engine.fetch import locked_wheel
 from qwen38build.errors import InputError, PatchFailed, Qwen38BuildError
 from qwen38build.inputs.recipe import LoadedRecipe, SeriesEntry
-from qwen38build.proc import environment, run
+from qwen38build.proc import run
 from qwen38build.series.gnupatch import describe_failure, run_patch
 from qwen38build.series.patchfile import MARKER_PREFIX, PatchFile, marker_for
 from qwen38build.store.store import Store
 from qwen38build.wheels import wheelzip
+from qwen38build.workspace.gitrepo import commit_tree, git, git_env, local_identity
+from qwen38build.workspace.overlay import (
+    OverlayEntry,
+    commit_overlay,
+    export_overlay,
+    workspace_entries,
+)
 
 PACKAGE = "vllm"
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
@@ -51,15 +62,6 @@ TEXT_SUFFIXES = frozenset({
     ".py", ".pyi", ".json", ".jinja", ".md", ".txt", ".typed", ".ini", ".sh", ".toml",
     ".yaml", ".yml", ".cfg", ".js", ".css", ".html", ".gitkeep",
 })
-# Fixed identity and time: the same series gives the same commit ids anywhere.
-IDENTITY = {
-    "GIT_AUTHOR_NAME": "qwen38build",
-    "GIT_AUTHOR_EMAIL": "qwen38build@localhost",
-    "GIT_AUTHOR_DATE": "946684800 +0000",
-    "GIT_COMMITTER_NAME": "qwen38build",
-    "GIT_COMMITTER_EMAIL": "qwen38build@localhost",
-    "GIT_COMMITTER_DATE": "946684800 +0000",
-}
 DIFF_ARGS = (
     "-c", "core.abbrev=7", "diff", "--no-color", "--no-ext-diff", "--no-textconv",
     "--no-renames", "-U3", "--diff-algorithm=myers", "--indent-heuristic",
@@ -73,53 +75,6 @@ def pin_tag(version: str) -> str:
 
 def pristine_subject(version: str) -> str:
     return f"vllm {version} (pristine)"
-
-
-# -- git --------------------------------------------------------------------------------
-
-
-def git_env(*, identity: bool = True, **declared: str) -> dict[str, str]:
-    """The environment git runs in: no user or system config, C locale, fixed identity.
-
-    ``HOME`` is passed (git refuses to run without one) but no config of it is read.
-    """
-    return environment(passed=("HOME",), declared={
-        "HOME": os.environ.get("HOME", "/nonexistent"),
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_TERMINAL_PROMPT": "0",
-        **(IDENTITY if identity else {}),
-        **declared,
-    })
-
-
-def local_identity(repo: Path, *, keep: bool = False) -> None:
-    """Write the workspace's identity into its own ``.git/config``, so that the user's git
-    (``git cherry-pick --continue``, ``git commit``) works with any HOME, one with no
-    identity included. With ``keep``, an identity the repository already has stays."""
-    for key, env in (("user.name", "GIT_COMMITTER_NAME"), ("user.email", "GIT_COMMITTER_EMAIL")):
-        if keep and git(repo, "config", "--local", "--get", key, check=False).strip():
-            continue
-        git(repo, "config", "--local", key, IDENTITY[env])
-
-
-def git(repo: Path, *args: str, stdin: str | None = None, check: bool = True,
-        env: dict[str, str] | None = None) -> str:
-    """Run git in ``repo``; a failure is a Qwen38BuildError quoting git's own words."""
-    proc = run(["git", *args], what="git", hint="install git (Debian: apt-get install git)",
-               cwd=repo, input=stdin, env=env or git_env())
-    if check and not proc.ok:
-        raise Qwen38BuildError(f"git {' '.join(args[:3])} failed in {repo}:\n{proc.tail()}")
-    return proc.stdout
-
-
-def commit_tree(repo: Path, parent: str | None, message: str) -> str:
-    """Commit the index as a child of ``parent``, message verbatim (no cleanup)."""
-    tree = git(repo, "write-tree").strip()
-    args = ["commit-tree", tree]
-    if parent:
-        args += ["-p", parent]
-    return git(repo, *args, stdin=message).strip()
 
 
 # -- the pristine package -----------------------------------------------------------------
@@ -192,18 +147,19 @@ def create(loaded: LoadedRecipe, store: Store, dest: Path) -> Path:
         )
     dest.mkdir(parents=True, exist_ok=True)
     pin = loaded.recipe.vllm.version
-    entries = loaded.series_entries()
+    entries = workspace_entries(loaded)
     wheel = locked_wheel(loaded, store)
     git(dest, "init", "-q", "-b", BRANCH)
     git(dest, "config", "core.autocrlf", "false")
     local_identity(dest)
     git(dest, "config", "core.looseCompression", "1")  # speed over size: a scratch repo
-    extract_package(wheel, dest / PACKAGE, touched_by_series(entries))
+    extract_package(wheel, dest / PACKAGE, touched_by_series(loaded.series_entries()))
     git(dest, "add", "-A", "--", PACKAGE)
     head = commit_tree(dest, None, pristine_subject(pin) + "\n")
     git(dest, "tag", pin_tag(pin), head)
     for entry in entries:
-        head = apply_entry(dest, entry, head)
+        head = (commit_overlay(dest, entry, head, PACKAGE, SUBJECT_PREFIX)
+                if isinstance(entry, OverlayEntry) else apply_entry(dest, entry, head))
     # The index and the work tree already hold ``head``'s tree: only the branch moves.
     git(dest, "update-ref", f"refs/heads/{BRANCH}", head)
     return dest
@@ -234,7 +190,7 @@ class Commit:
 
 @dataclass
 class Topic:
-    entry: SeriesEntry
+    entry: SeriesEntry | OverlayEntry
     commit: Commit
     folded: list[Commit]
 
@@ -281,8 +237,9 @@ def topics_of(loaded: LoadedRecipe, repo: Path) -> list[Topic]:
             f"{repo}: no tag {tag}; it is not a workspace of vllm {pin}.",
             hint="make one with `qwen38build workspace create DIR`",
         )
-    by_row = {e.row_name: e for e in loaded.series_entries()}
-    by_row.update({e.topic: e for e in loaded.series_entries() if e.topic not in by_row})
+    entries = workspace_entries(loaded)
+    by_row = {e.row_name: e for e in entries}
+    by_row.update({e.topic: e for e in entries if e.topic not in by_row})
     topics: dict[str, Topic] = {}
     for c in read_commits(repo, f"{tag}..HEAD"):
         subject, folded = _target_subject(c.subject)
@@ -404,7 +361,7 @@ def export_topics(
         )
     pin = loaded.recipe.vllm.version
     found = topics_of(loaded, repo)
-    order = [e.row_name for e in loaded.series_entries()]
+    order = [e.row_name for e in workspace_entries(loaded)]
     have = [t.entry.row_name for t in found]
     if have != [r for r in order if r in have]:
         raise InputError(
@@ -412,13 +369,16 @@ def export_topics(
             f"{loaded.path.name}: {', '.join(have)}.",
             hint="reorder the commits (git rebase -i) or the recipe's series",
         )
-    missing = [e for e in loaded.series_entries() if e.row_name not in have]
+    missing = [e for e in workspace_entries(loaded) if e.row_name not in have]
     wanted = _select(found, topics, repo, missing)
     base_sha = git(repo, "rev-parse", f"{pin_tag(pin)}^{{commit}}").strip()
     trees = topic_trees(repo, found, read_commits(repo, base_sha + "^!")[-1])
     changed: list[Path] = []
     for t, (before, after) in zip(found, trees, strict=True):
         if t.entry.row_name not in wanted:
+            continue
+        if isinstance(t.entry, OverlayEntry):
+            changed += export_overlay(repo, t.entry, before, after, PACKAGE, check=check)
             continue
         diff = git(repo, *DIFF_ARGS, before, after)
         new = render(t, diff, t.commit.sha)
@@ -435,7 +395,7 @@ def export_topics(
 
 
 def _select(found: list[Topic], topics: Sequence[str] | None, repo: Path,
-            missing: Sequence[SeriesEntry] = ()) -> set[str]:
+            missing: Sequence[SeriesEntry | OverlayEntry] = ()) -> set[str]:
     entries = [*(t.entry for t in found), *missing]
     if not topics:
         return {e.row_name for e in entries}
