@@ -380,3 +380,19 @@ def test_the_workspace_holds_the_overlay_as_a_topic_and_export_writes_it_back(
     members = _members(built["wheel"])
     assert members["vllm/kvq/tables.py"] == b"T = (1, 2)\n"
     assert "vllm/kvq/__init__.py" not in members
+
+
+def test_the_no_op_misses_when_an_overlay_file_changes_or_appears(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    kvarn(project)
+    _build(project, capsys, "--with", "kvarn")
+    recipe_path = project.root / "recipe.toml"
+    assert fastpath.lookup(project.store, recipe_path, with_=["kvarn"]) is not None
+    codec = project.root / "kvarn/files/kvq/codec.py"
+    before = codec.read_bytes()
+    codec.write_bytes(before + b"# edited\n")
+    assert fastpath.lookup(project.store, recipe_path, with_=["kvarn"]) is None
+    codec.write_bytes(before)
+    assert fastpath.lookup(project.store, recipe_path, with_=["kvarn"]) is not None
+    (project.root / "kvarn/files/kvq/new.py").write_text("z = 3\n")
+    assert fastpath.lookup(project.store, recipe_path, with_=["kvarn"]) is None
