@@ -85,7 +85,8 @@ def fa2(project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pr
 def _build(p: Project, capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, str]:
     capsys.readouterr()
     assert p.run("build", "--no-link", "--json", *argv) == 0
-    return json.loads(capsys.readouterr().out)
+    out: dict[str, str] = json.loads(capsys.readouterr().out)
+    return out
 
 
 def test_fa2_builds_per_arch_into_a_wheel_in_the_stack(
