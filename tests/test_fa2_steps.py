@@ -149,3 +149,44 @@ def test_plan_names_fa2_declared_until_its_sources_are_locked(
     assert "source 'flash-attention' is not locked" in declared["fa2"]
     assert fa2.run("build", "--only", "fa2", "--no-link") == 2
     assert "fa2 is declared, not built" in capsys.readouterr().err
+
+
+def test_bump_moves_the_source_and_tries_the_diff_hunk_by_hunk(
+        fa2: Project, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    repo = tmp_path / "repos" / "flash-attention"
+    kernel = repo / "csrc" / "flash_attn" / "src" / "kernel.h"
+
+    def upstream(text: str, path: Path = kernel) -> str:
+        path.write_text(text)
+        git(repo, "add", "-A")
+        git(repo, "commit", "-qm", "upstream")
+        commit = git(repo, "rev-parse", "HEAD")
+        archive(repo, commit, tmp_path / "mirror", "tar.gz")
+        return commit
+
+    recipe = fa2.root / "recipe.toml"
+    before = recipe.read_text(), (fa2.root / "lock" / "sources.json").read_text()
+    changed = upstream(KERNEL.replace("const T* k", "const T* __restrict__ k"))
+    capsys.readouterr()
+    assert fa2.run("bump", "flash-attention", changed, "--dry-run") == 1
+    out = capsys.readouterr().out
+    assert "csrc/flash_attn/src/kernel.h hunk #1: FAILS" in out and "rebase it" in out
+    moved = upstream("// header\n// more\n" + KERNEL)
+    assert fa2.run("bump", "flash-attention", moved) == 1
+    assert "hunk #1: applies at offset +2" in capsys.readouterr().out
+    assert (recipe.read_text(), (fa2.root / "lock" / "sources.json").read_text()) == before
+    kernel.write_text(KERNEL)
+    tail = upstream("// another kernel\n", kernel.parent / "other.h")
+    assert fa2.run("bump", "flash-attention", tail) == 0
+    out = capsys.readouterr().out
+    assert "1 hunk(s) apply as they are, 0 need work" in out
+    assert f"next: name {tail} in fa2/README.md" in out
+    assert fa2.run("build", "--only", "fa2", "--no-link") == 2  # the README names the old one
+    readme = fa2.root / "fa2" / "README.md"
+    readme.write_text(readme.read_text().replace(before[0].split('commit = "')[1][:40], tail))
+    assert f'commit = "{tail}"' in recipe.read_text()
+    assert "# The series, in apply order" in recipe.read_text()  # comments kept
+    assert lockmod.read_trees(fa2.root)["flash-attention"].commit == tail
+    assert fa2.run("build", "--only", "fa2", "--no-link") == 0
+    assert fa2.run("bump", "nowhere", tail) == 2
+    assert "the recipe pins vllm, flash-attention, cutlass" in capsys.readouterr().err
