@@ -8,7 +8,7 @@ import os
 import subprocess
 import tarfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -78,12 +78,17 @@ def test_one_hash_whatever_the_route(repo: tuple[Path, str], tmp_path: Path) -> 
 def test_the_hash_sees_bytes_modes_links_and_names(repo: tuple[Path, str]) -> None:
     r, _ = repo
     base = tree_hash(r, PATHS)
-    changes = [
+    src = r / "csrc" / "src"
+
+    def relink() -> None:
+        (src / "alias.h").unlink()
+        os.symlink("gen.py", src / "alias.h")
+
+    changes: list[Callable[[], object]] = [
         lambda: (r / "LICENSE").write_text("BSD.\n"),
-        lambda: (r / "csrc" / "src" / "gen.py").chmod(0o644),
-        lambda: ((r / "csrc" / "src" / "alias.h").unlink(),
-                 os.symlink("gen.py", r / "csrc" / "src" / "alias.h")),
-        lambda: (r / "csrc" / "src" / "kernel.h").rename(r / "csrc" / "src" / "kernel2.h"),
+        lambda: (src / "gen.py").chmod(0o644),
+        relink,
+        lambda: (src / "kernel.h").rename(src / "kernel2.h"),
     ]
     seen = {base}
     for change in changes:

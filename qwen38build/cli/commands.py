@@ -137,8 +137,9 @@ def _suppress() -> str:
 
 
 def _bump(p: Any) -> None:
-    p.add_argument("package", help="what to bump (vllm)")
-    p.add_argument("version", help="the new version, e.g. 0.33.0")
+    p.add_argument("package", help="what to bump: vllm, or a [sources.*] tree's name "
+                   "(flash-attention)")
+    p.add_argument("version", help="the new version (0.33.0), or a source's new commit")
     p.add_argument("--dry-run", action="store_true", help="report only; leave recipe and lock")
     p.add_argument("--rebase", metavar="DIR", help="carry the workspace onto the new pin")
     p.add_argument("--retire", action="store_true", help="retire the (likely) upstreamed "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from qwen38build.cli import stages
@@ -70,7 +71,7 @@ def cmd_bump(args: argparse.Namespace) -> int:
     from qwen38build.bump.bump import bump
 
     if args.package != "vllm":
-        raise UsageError(f"cannot bump {args.package!r}; only vllm is pinned by version.")
+        return _bump_source(args)
     if args.retire and args.dry_run:
         raise UsageError("--retire changes the recipe; it cannot go with --dry-run.")
     loaded = stages.load_recipe(args)
@@ -89,6 +90,30 @@ def cmd_bump(args: argparse.Namespace) -> int:
     if not report.ok or (report.rebase is not None and not report.rebase.ok):
         raise CheckFailed(f"moving vllm to {args.version}: some patches do not carry over "
                           "(the report above names each, and what to do next).")
+    return ExitCode.OK
+
+
+def _bump_source(args: argparse.Namespace) -> int:
+    """``bump <source> <commit>``: a ``[sources.*]`` tree moved, its diff tried hunk by hunk."""
+    from qwen38build.bump.source import bump_source
+    from qwen38build.cache.config import offline_env
+
+    loaded = stages.load_recipe(args)
+    if args.package not in loaded.recipe.sources:
+        names = ", ".join(["vllm", *loaded.recipe.sources])
+        raise UsageError(f"cannot bump {args.package!r}; the recipe pins {names}.")
+    if args.rebase or args.retire:
+        raise UsageError("--rebase and --retire move the series; a source's diff is re-cut "
+                         "by hand in its tree.")
+    if not re.fullmatch(r"[0-9a-f]{40}", args.version):
+        raise UsageError(f"{args.version!r} is not a full git commit (40 lowercase hex "
+                         f"digits) of {loaded.recipe.sources[args.package].repository}.")
+    result = bump_source(loaded, args.package, args.version, dry_run=args.dry_run,
+                         offline=offline_env())
+    stages.emit(args, result.to_json(), result.text())
+    if not result.ok:
+        raise CheckFailed(f"moving {args.package} to {args.version[:12]}: its diff does not "
+                          "carry over as it is (the report above names each hunk).")
     return ExitCode.OK
 
 
