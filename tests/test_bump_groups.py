@@ -61,3 +61,39 @@ def test_an_overlay_upstream_lacks_is_not_reported(
     set_group(p.root, 'optional = true\noverlay = "files"\n')
     report = bump.bump(p.loaded(), p.store, NEW)
     assert report.overlays == [] and report.ok
+
+
+def test_a_source_group_overlay_is_checked_from_its_tree_in_the_store(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from qwen38build.engine.executor import realise
+    from qwen38build.engine.plan import source_step
+    from qwen38build.engine.report import Reporter
+    from qwen38build.inputs import lock
+    from qwen38build.trees.treehash import tree_hash
+    from tests.test_groups import COMMIT, SOURCE
+
+    wheels = tmp_path / "wheels"
+    old = make_wheel(wheels, PIN, {"__init__.py": "", "a.py": A})
+    make_wheel(wheels, NEW, {"__init__.py": "", "a.py": A,
+                             "kvq/codec.py": OVERLAY["kvq/codec.py"]})
+    p = make_project(tmp_path, old, [], [])
+    monkeypatch.setenv("QWEN38BUILD_SOURCES", str(wheels))
+    set_group(p.root, 'optional = true\nsource = "kvq-src"\noverlay = "overlay"\n')
+    (p.root / "recipe.toml").write_text((p.root / "recipe.toml").read_text() + SOURCE)
+    tree = p.root.parent / "mirror" / f"kvq-{COMMIT[:8]}"
+    write_overlay(tree, OVERLAY, "overlay")
+    (tree / "overlay" / "MANIFEST").unlink()  # a source tree is pinned by its hash instead
+    (tree / "LICENSE").write_text("Apache-2.0\n")
+    # not locked yet: nothing to compare
+    assert bump.bump(p.loaded(), p.store, NEW).overlays == []
+    lock.write(p.root, list(lock.read(p.root).values()), [lock.LockedTree(
+        "kvq-src", "https://example.invalid/kvq", COMMIT, ("overlay", "LICENSE"),
+        tree_hash(tree, ("overlay", "LICENSE")))])
+    # locked but not in the store: not fetched for the report
+    assert bump.bump(p.loaded(), p.store, NEW).overlays == []
+    step = source_step(p.loaded(), "kvq-src")
+    assert step is not None
+    realise([step], p.store, Reporter(quiet=True))
+    report = bump.bump(p.loaded(), p.store, NEW)
+    assert [(o.overlay, o.path, o.identical) for o in report.overlays] == [
+        ("kvarn:overlay", "kvq/codec.py", True)]

@@ -396,3 +396,23 @@ def test_the_no_op_misses_when_an_overlay_file_changes_or_appears(
     assert fastpath.lookup(project.store, recipe_path, with_=["kvarn"]) is not None
     (project.root / "kvarn/files/kvq/new.py").write_text("z = 3\n")
     assert fastpath.lookup(project.store, recipe_path, with_=["kvarn"]) is None
+
+
+def test_a_link_in_the_source_tree_never_reaches_the_package(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    tree = source_group(project, lock_it=False)
+    os.symlink("/etc/hostname", tree / "overlay" / "kvq" / "host.py")
+    from qwen38build.trees.treehash import tree_hash
+
+    lock.write(project.root, list(lock.read(project.root).values()), [lock.LockedTree(
+        "kvq-src", "https://example.invalid/kvq", COMMIT, ("overlay", "LICENSE"),
+        tree_hash(tree, ("overlay", "LICENSE")))])
+    capsys.readouterr()
+    assert project.run("build", "--with", "kvarn", "--json") != 0
+    err = capsys.readouterr().err
+    # the store keeps no such link (store.entry), and the patch step follows none
+    assert "overlay/kvq/host.py is a symlink to /etc/hostname" in err, err
+    assert not any(p.name == "host.py" and not p.is_symlink()
+                   for p in (project.store / "objects").rglob("host.py"))

@@ -164,7 +164,7 @@ def bump(
     new_entry, new_wheel = resolve_wheel(loaded, store, new_version)
     patches = try_series(loaded, old_wheel, new_wheel, (old_version, new_version))
     report = BumpReport(old_version, new_version, new_entry, patches, dry_run,
-                        overlays=overlay_in_upstream(loaded, new_wheel))
+                        overlays=overlay_in_upstream(loaded, new_wheel, store))
     reasons = {p.patch: f"{p.outcome} in {new_version}: {p.summary()}"
                for p in patches if p.outcome in RETIRABLE} if retire and not dry_run else {}
     report.environment, env_lock = relock_environment(loaded, new_entry, new_wheel, store)

@@ -43,8 +43,8 @@ def run(ctx: Context) -> None:
     patches = [PatchFile.parse(ctx.input_path(name)) for name in series]
     work = ctx.scratch / package
     work.mkdir(parents=True)
-    # [series index, label, package paths]: each group's overlay, copied in before its
-    # group's first patch (a source group's read from its tree's entry).
+    # (series index, label, files by package path): each group's overlay, copied in before
+    # its group's first patch (a source group's read from its tree's entry).
     overlays = [(int(at), str(label), _overlay_files(ctx, str(label), rels, folder))
                 for at, label, rels, folder in ctx.step.params.get("overlays", [])]
     pristine: dict[str, str | None] = {}
@@ -119,6 +119,11 @@ def _overlay_files(ctx: Context, label: str, rels: list[str] | None, folder: str
         raise InputError(f"the overlay {label}: the source tree holds no file below "
                          f"{folder}/.", hint="fix the group's overlay key (a folder of its "
                          "source tree), or the source's paths")
+    links = [rel for rel, path in found.items() if path.is_symlink()]
+    if links:  # never followed into the package: a link could name any file of the host
+        raise InputError(f"the overlay {label}: {prefix}{links[0]} in the source tree is a "
+                         "symbolic link; an overlay holds regular files only.",
+                         hint="leave the link out of the source's paths")
     return found
 
 
