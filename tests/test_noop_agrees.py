@@ -2,9 +2,9 @@
 
 A property test: random sequences of edits to a patch, deletions of store entries, byte
 flips in outputs (their mtime put back, as a hostile user would), changes of the request
-(``--only``) and builds. After each step a plain ``build`` (which may answer from the fast
-path) and a ``build --rebuild`` of the same request must give the same exit code, the same
-build hash and outputs with the same bytes.
+(``--only``; ``--with`` an optional group with an overlay) and builds. After each step a
+plain ``build`` (which may answer from the fast path) and a ``build --rebuild`` of the same
+request must give the same exit code, the same build hash and outputs with the same bytes.
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ from hypothesis import strategies as st
 
 from tests.conftest import ENVS, SERVER, Project
 from tests.engine_fixtures import add_pthfa_sources, make_project, make_wheel, write_patch
+from tests.test_groups import write_overlay
 
 REQUESTS: list[tuple[str, ...]] = [(), ("--only", "vllm"), ("--only", "pthfa"),
-                                   ("--only", "pthfa,vllm")]
+                                   ("--only", "pthfa,vllm"), ("--with", "kvarn"),
+                                   ("--only", "vllm", "--with", "kvarn")]
 OPS = st.one_of(
     st.tuples(st.just("edit"), st.integers(0, 2)),
     st.tuples(st.just("delete"), st.integers(0, 3)),
@@ -48,6 +50,14 @@ def _stack(tmp: Path) -> Project:
     recipe = root / "recipe.toml"
     recipe.write_text(recipe.read_text().replace('outputs = ["vllm"]',
                                                  'outputs = ["vllm", "pthfa"]'))
+    # an optional group (--with kvarn): an overlay and a patch cut on what knob leaves
+    knobs = ENVS.replace("KNOB_7 = 7\n", "KNOB_7 = 70\n")
+    write_patch(root, "kvarn", "kvq-knob", [("envs.py", knobs, knobs.replace(
+        "KNOB_20 = 20\n", "KNOB_20 = 'kvq'\n"))], tmp / "diffs")
+    write_overlay(root, {"kvq/codec.py": "def encode(x):\n    return x * 2\n"})
+    recipe.write_text(recipe.read_text().replace(
+        'dir = "kvarn"\npatches = [\n]',
+        'dir = "kvarn"\noptional = true\noverlay = "files"\npatches = ["kvq-knob.patch"]'))
     return p
 
 

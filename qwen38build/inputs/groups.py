@@ -7,6 +7,8 @@ is a folder of files copied into the package tree before the group's patches app
 read one safe way (:func:`qwen38build.inputs.tree.manifest_files`: regular files only, each
 as the folder's MANIFEST lists it), and each of its files is owned by the group's overlay
 label (``<dir>:overlay``) in the build's manifest, so ``verify`` and ``apply`` name it.
+A group with a ``source`` takes its overlay from that ``[sources.*]`` tree instead (pinned
+by its hash in the lock); until the lock pins it, the group is not built.
 """
 
 from __future__ import annotations
