@@ -14,7 +14,7 @@ from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.recipe import load
 from qwen38build.pinning.sources import pin_trees
 from tests.conftest import Project
-from tests.test_trees import archive, git
+from tests.test_source_trees import archive, git
 
 KERNEL = "// split-KV decode\ntemplate <typename T> void load_k(const T* k);\n"
 PATCHED = KERNEL.replace("const T* k", "const uint8_t* k_fp8, float descale")
