@@ -36,7 +36,7 @@ PATCHES = 1024
 MIB = 2**20
 
 
-class _Block(torch.nn.Module):
+class _Block(torch.nn.Module):  # type: ignore[misc, unused-ignore]
     """A Qwen3 vision block's weights and arithmetic in plain torch."""
 
     def __init__(self, dim: int, num_heads: int, mlp_hidden_dim: int, **_: Any) -> None:
@@ -56,7 +56,7 @@ class _Block(torch.nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
 
 
-class _Merger(torch.nn.Module):
+class _Merger(torch.nn.Module):  # type: ignore[misc, unused-ignore]
     def __init__(self, d_model: int, context_dim: int, spatial_merge_size: int = 2,
                  **_: Any) -> None:
         super().__init__()
@@ -175,7 +175,7 @@ def test_per_block_bulk_copy(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_upstream_whole_tower_wrap(monkeypatch: pytest.MonkeyPatch) -> None:
     _, patched = _vllm.trees()
     x = _input()
-    ref_tower, _, vram = _build(patched, "0", monkeypatch)
+    ref_tower, _, _ = _build(patched, "0", monkeypatch)
     ref, act_peak, _ = _run(ref_tower, x)
     del ref_tower
     torch.cuda.empty_cache()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -166,7 +166,12 @@ def _check_forward_native(tree: Path) -> None:
     torch.nn.Module.__init__(sampler)
     sampler.logprobs_mode, sampler.use_fp64_gumbel = "processed_logits", False
     seen: list[Any] = []
-    mod.random_sample = lambda probs, generators, fp64: seen.append(probs) or probs.argmax(-1)
+
+    def random_sample(probs: Any, generators: Any, fp64: bool) -> Any:
+        seen.append(probs)
+        return probs.argmax(-1)
+
+    mod.__dict__["random_sample"] = random_sample
     logits = torch.randn(3, 2000, generator=torch.Generator().manual_seed(2))
     k = torch.tensor([5, 9, 2], dtype=torch.int32)
     _, processed = sampler.forward_native(logits.clone(), {}, k, None, k_max=9)
@@ -203,10 +208,10 @@ def _v1_metadata(tree: Path, top_k_cpu: list[int], no_top_k: bool) -> Any:
     return make(batch)
 
 
-class _DeviceTensor(torch.Tensor):  # type: ignore[misc]
+class _DeviceTensor(torch.Tensor):  # type: ignore[misc, name-defined]
     """A tensor standing for device memory: records the host reads made of it."""
 
-    reads: list[str] = []
+    reads: ClassVar[list[str]] = []
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (),
@@ -258,11 +263,16 @@ def _check_k_max_sources(tree: Path) -> None:
     assert _v1_metadata(tree, [1000, 1000], no_top_k=True).top_k_max is None
     # V1's sampler hands it to the top-k/top-p sampler
     calls: list[Any] = []
+
+    def topk_topp_sampler(logits: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return logits.argmax(-1), None
+
     sample = exec_function(tree / "v1/sample/sampler.py", "Sampler.sample",
                            {"torch": torch, "LogprobsMode": str, "SamplingMetadata": object})
     sampler = SimpleNamespace(
         logprobs_mode="raw_logprobs", apply_temperature=lambda logits, t, r: logits,
-        topk_topp_sampler=lambda *a, **kw: calls.append(kw) or (a[0].argmax(-1), None))
+        topk_topp_sampler=topk_topp_sampler)
     sample(sampler, torch.zeros(3, 10), SimpleNamespace(
         all_greedy=False, all_random=True, temperature=torch.ones(3),
         logitsprocs=SimpleNamespace(argmax_invariant=[]), generators={}, top_k=meta.top_k,
