@@ -146,8 +146,13 @@ def _check(tree: Path, monkeypatch: Any) -> None:
     assert len(made) == 1 and on_host, "the merger and the blocks are not in pinned host memory"
     offloaded = made[0].cpu_offload_bytes
     assert offloaded == sum(_bytes(m) for m in wrapped)
-    assert abs((vram - allocated) - offloaded) <= 512 * sum(
-        1 for m in wrapped for _ in m.parameters()), (vram, allocated, offloaded)
+    # VRAM holds the resident parameters alone (the allocator may round each block up by
+    # less than 1 MiB when it does not split it; 2 MiB of slack in all), and at least the
+    # offloaded bytes came off the in-VRAM tower's figure
+    resident = sum(p.numel() * p.element_size() for p in tower.parameters()
+                   if p.device.type == "cuda")
+    assert resident <= allocated <= resident + 2 * MIB, (allocated, resident)
+    assert vram - allocated >= offloaded, (vram, allocated, offloaded)
     out, peak, ms = _run(tower, x)
     assert torch.equal(out, ref), "per-block output differs from the in-VRAM tower"
     largest = max(_bytes(m) for m in wrapped)
