@@ -14,7 +14,7 @@ from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.recipe import load
 from qwen38build.pinning.sources import pin_trees
 from tests.conftest import Project
-from tests.test_trees import archive, git
+from tests.test_source_trees import archive, git
 
 KERNEL = "// split-KV decode\ntemplate <typename T> void load_k(const T* k);\n"
 PATCHED = KERNEL.replace("const T* k", "const uint8_t* k_fp8, float descale")
@@ -190,3 +190,39 @@ def test_bump_moves_the_source_and_tries_the_diff_hunk_by_hunk(
     assert fa2.run("build", "--only", "fa2", "--no-link") == 0
     assert fa2.run("bump", "nowhere", tail) == 2
     assert "the recipe pins vllm, flash-attention, cutlass" in capsys.readouterr().err
+
+
+def test_a_cache_serves_fa2_and_a_kernels_machine_fetches_only_its_wheel(
+        fa2: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Like the cubins: pushed once, then ``build --only fa2`` on a machine with an empty
+    store, no mirror and no compiler takes the fa2fp8 wheel's entry from the cache and
+    nothing else (no tree, no toolchain), running no step."""
+    from qwen38build.cli import main
+    from qwen38build.engine import executor
+    from tests import cache_fixtures as cf
+    from tests.test_substituter import make_key
+
+    key, key_file = make_key(tmp_path / "keys")
+    with cf.nginx(tmp_path / "cache", tmp_path / "nginx") as url:
+        a = _build(fa2, capsys, "--only", "fa2")
+        assert fa2.run("push", url, a["build"], "--key", str(key_file), "--json") == 0
+        (tmp_path / "mirror").rename(tmp_path / "gone")
+        monkeypatch.setenv("QWEN38BUILD_SOURCES", str(tmp_path / "nothing"))
+        monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+
+        def no_build(*args: object, **kwargs: object) -> None:
+            raise AssertionError("a step ran on machine B")
+
+        monkeypatch.setattr(executor, "_build", no_build)
+        store_b = tmp_path / "store-b"
+        capsys.readouterr()
+        rc = main(["--recipe", str(fa2.root / "recipe.toml"), "--store", str(store_b),
+                   "--substituter", url, "--trusted-public-key", str(key.public()),
+                   "build", "--only", "fa2", "--json", "-q", "--no-link"])
+        captured = capsys.readouterr()
+        assert rc == 0, captured.err
+        assert json.loads(captured.out)["build"] == a["build"]
+        held = {json.loads(p.read_text())["derivation"]["kind"]
+                for p in (store_b / "objects").glob("*.json")}
+        assert held == {"fa2-wheel"}

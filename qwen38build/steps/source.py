@@ -22,6 +22,8 @@ FIXED_OUTPUT = True
 IMPLEMENTATION = (
     *ENGINE,
     "qwen38build.cache.config",
+    "qwen38build.cache.signing",
+    "qwen38build.cache.transport",
     "qwen38build.trees.archive",
     "qwen38build.trees.obtain",
     "qwen38build.trees.treehash",
