@@ -13,7 +13,7 @@ from ._driver import FMT_CP, FMT_MMA, FMT_PART, FMT_REDUCE, FMT_WB, _ArgBlock, _
 from ._knobs import knobs
 from ._signature import _Signature
 
-IMPLS = ("simt", "mma1", "cp3", "cp4", "wb4", "wb5")
+IMPLS = ("simt", "mma1", "cp3", "cp4", "wb4", "wb5", "ws3", "ws6")
 DEFAULT = "cp3"
 
 
@@ -72,9 +72,13 @@ def plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int, gq
             raise ValueError(f"PTHFA_PART_SIZE must be a multiple of 16 and of block_size "
                              f"{block_size}, got {part}")
         return impl, part
-    if impl.startswith("wb") and V.wb_supported(num_kv_heads, head_dim, block_size):
+    whole = impl.startswith(("wb", "ws")) and V.wb_supported(num_kv_heads, head_dim, block_size)
+    if whole and impl.startswith("ws"):
+        part = V.choose_part_size_ws(num_seqs, max_seq_len, block_size, num_sms,
+                                     V.WS_PER_SM[int(impl[2:])])
+    elif whole:
         part = V.choose_part_size_wb(num_seqs, max_seq_len, block_size, num_sms)
-    elif impl.startswith("cp") or impl.startswith("wb"):
+    elif impl.startswith(("cp", "wb", "ws")):
         stages = int(impl[2:]) if impl.startswith("cp") else 3
         smem = V.smem_bytes_cp(2048, block_size, gqa, head_dim, stages)
         per_sm = max(1, min(3 if stages == 3 else 2, (228 << 10) // (smem + 1024)))
@@ -140,9 +144,9 @@ class _DecodePlan:
         else:
             V.check_part_size(part_size, a.block_size, a.gqa, a.head_dim)
             impl = decode_impl(a.head_dim, part_size)
-        if impl.startswith("wb") and not V.wb_supported(a.num_kv_heads, a.head_dim,
-                                                        a.block_size):
-            impl = DEFAULT  # the whole-block kernel is built for 8 KV heads of 128 dims
+        if impl.startswith(("wb", "ws")) and not V.wb_supported(a.num_kv_heads, a.head_dim,
+                                                                a.block_size):
+            impl = DEFAULT  # the whole-block kernels are built for 8 KV heads of 128 dims
         max_parts = max(1, math.ceil(max_seq_len / part_size))
         rows = a.num_seqs * a.num_heads * max_parts
         # the accumulators first, so both buffers start 256-byte aligned
@@ -153,15 +157,17 @@ class _DecodePlan:
         self.part_ints: tuple[Any, ...]
         self.grid = (max_parts, a.num_kv_heads, a.num_seqs)
         self.threads = V.THREADS
-        if impl.startswith("wb"):
+        if impl.startswith(("wb", "ws")):
             name = f"pthfa_decode_{impl}_{a.dtype}_d{a.head_dim}_h{a.num_kv_heads}"
-            self.fmt = FMT_WB
+            self.fmt = FMT_WB  # ws takes wb's arguments
             self.grid = (max_parts, 1, a.num_seqs)
             self.threads = 32 * a.num_kv_heads
             self.part_ints = (a.gqa, block_shift, part_size, max_parts, scale_log2,
                               a.kv_bstride, a.sc_bstride)
-            self.smem = V.smem_bytes_wb(part_size, a.block_size, a.num_kv_heads, a.head_dim,
-                                        int(impl[2:]))
+            self.smem = (V.smem_bytes_ws(part_size, a.block_size, int(impl[2:]))
+                         if impl.startswith("ws") else
+                         V.smem_bytes_wb(part_size, a.block_size, a.num_kv_heads, a.head_dim,
+                                         int(impl[2:])))
         elif impl == "simt":
             name = f"pthfa_decode_part_{a.dtype}_d{a.head_dim}_g{a.gqa}"
             self.fmt = FMT_PART
