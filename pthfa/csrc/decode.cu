@@ -1304,6 +1304,33 @@ __device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t parity) {
   }
 }
 
+// cp.async of 16 bytes with the L2 prefetch hint of 256 bytes (the L2 fetches the 256-byte
+// run the chunk is in: a warp's instruction covers two such runs)
+__device__ __forceinline__ void cp_async16_l2(uint32_t s, const void* g) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
+}
+
+#if __CUDA_ARCH__ >= 900
+// one arrival that also expects tx more bytes of bulk copies before the phase can complete
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t a, uint32_t tx) {
+  asm volatile(
+      "{\n"
+      ".reg .b64 st;\n"
+      "mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n"
+      "}" ::"r"(a), "r"(tx)
+      : "memory");
+}
+
+// the bulk copy engine (TMA) copies bytes (a multiple of 16) of a contiguous run into shared
+// memory and counts them off the mbarrier's expected bytes
+__device__ __forceinline__ void bulk_g2s(uint32_t s, const void* g, uint32_t bytes, uint32_t mbar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(s),
+      "l"(g), "r"(bytes), "r"(mbar)
+      : "memory");
+}
+#endif
+
 }  // namespace mmak
 
 struct WsLayout {
@@ -1316,7 +1343,11 @@ struct WsLayout {
   static constexpr int RING = 128;                // ring offset: full[S], empty[S] before it
 };
 
-template <typename T, int S>
+// MODE 0: the CTA's 256 threads copy with cp.async; 1: the same with the L2 256-byte prefetch
+// hint; 2 (sm_90, wt): a ninth warp is the producer: the bulk copy engine moves each step's
+// K and V runs (16 KiB each) into the ring unswizzled, the warp's lanes copy the scales, and
+// the 8 compute warps never issue a copy or wait for a slot to empty.
+template <typename T, int S, int MODE>
 __device__ __forceinline__ void decode_ws_impl(
     const T* __restrict__ q, const int8_t* __restrict__ k_cache,
     const int8_t* __restrict__ v_cache, const float* __restrict__ k_scale,
@@ -1333,6 +1364,7 @@ __device__ __forceinline__ void decode_ws_impl(
   constexpr int VW = D / 32;
   constexpr int NT = D / 8;
   constexpr int CPT = 16 * NW * D / 16 / NTH;  // 16-byte chunks of K (and of V) per thread
+  constexpr bool TMA = MODE == 2;
   static_assert(S * 2 * 8 <= L::RING, "the mbarriers fit before the ring");
   extern __shared__ __align__(128) unsigned char wsm[];
 
@@ -1360,7 +1392,7 @@ __device__ __forceinline__ void decode_ws_impl(
   // the query's raw 16-bit values, two a word (converted once the first steps are in flight)
   uint32_t qw[D / 8];
   {
-    const bool hv = g < G;
+    const bool hv = g < G && warp < NW;  // (warp NW is wt's producer)
     const uint16_t* qp = reinterpret_cast<const uint16_t*>(q) +
                          ((long long)seq * H + (long long)warp * G + (hv ? g : 0)) * D + t * (D / 4);
 #pragma unroll
@@ -1369,12 +1401,53 @@ __device__ __forceinline__ void decode_ws_impl(
                  : 0u;
   }
   const int* bt = block_tables + (long long)seq * bt_stride + (t0 >> block_shift);
-  for (int i = tid; i < nblk; i += NTH) bt_s[i] = bt[i];
+  for (int i = tid; i < nblk; i += blockDim.x) bt_s[i] = bt[i];
   if (tid < S) {
-    mbar_init(full_s + 8 * tid, NTH);
+    // wt: the producer's expect_tx arrival and its 32 lanes' scale copies
+    mbar_init(full_s + 8 * tid, TMA ? 33 : NTH);
     mbar_init(empty_s + 8 * tid, NW);
   }
+  if constexpr (TMA) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#else
+    __trap();  // built for sm_90 only (the planner never picks it below)
+#endif
+  }
   __syncthreads();
+  const int cnt = (n + 15) / 16;
+
+  if constexpr (TMA) {
+#if __CUDA_ARCH__ >= 900
+    if (warp == NW) {  // the producer: step j into slot j % S once its last reads are done
+      for (int j = 0; j < cnt; ++j) {
+        const int sl = j % S;
+        if (j >= S) mbar_wait(empty_s + 8 * sl, static_cast<uint32_t>((j / S - 1) & 1));
+        const int b16 = j * 16;
+        const long long blk = bt_s[b16 >> block_shift];
+        const long long in0 = (long long)((t0 + b16) & block_mask) * NW;
+        const uint32_t sb = ring_s + sl * L::STAGE;
+        const uint32_t fb = full_s + 8 * sl;
+        if (lane == 0) {
+          mbar_arrive_expect_tx(fb, 2 * NW * L::HB);
+          bulk_g2s(sb, k_cache + blk * kv_bstride + in0 * D, NW * L::HB, fb);
+          bulk_g2s(sb + L::VOFF, v_cache + blk * kv_bstride + in0 * D, NW * L::HB, fb);
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {  // the 128 k scales, then the 128 v scales
+          const int x = lane + 32 * k;
+          const float* src = (x < 16 * NW ? k_scale : v_scale) + blk * sc_bstride + in0 +
+                             (x & (16 * NW - 1));
+          cp_async4(sb + L::SOFF + x * 4, src);
+        }
+        cp_async_arrive(fb);
+      }
+      cp_wait<0>();
+      return;
+    }
+#endif
+  }
 
   // step it (tokens t0 + 16 it .. + 15, inside one block) into slot: chunk c of the step's K
   // (and V) run is row c / 8 = token * 8 + head, column c % 8; thread tid copies chunks
@@ -1394,8 +1467,13 @@ __device__ __forceinline__ void decode_ws_impl(
       const int r = row / NW;
       const int h = row % NW;
       const uint32_t d = sb + h * L::HB + r * D + ((col ^ (r & 7)) << 4);
-      cp_async16(d, kb + (long long)c * 16);
-      cp_async16(d + L::VOFF, vb + (long long)c * 16);
+      if constexpr (MODE == 1) {
+        cp_async16_l2(d, kb + (long long)c * 16);
+        cp_async16_l2(d + L::VOFF, vb + (long long)c * 16);
+      } else {
+        cp_async16(d, kb + (long long)c * 16);
+        cp_async16(d + L::VOFF, vb + (long long)c * 16);
+      }
     }
     // the 128 k scales, then the 128 v scales, in global order [token][head]
     const float* src = (tid < 16 * NW ? k_scale : v_scale) + blk * sc_bstride + in0 +
@@ -1403,12 +1481,13 @@ __device__ __forceinline__ void decode_ws_impl(
     cp_async4(sb + L::SOFF + tid * 4, src);
   };
 
-  const int cnt = (n + 15) / 16;
+  if constexpr (!TMA) {
 #pragma unroll
-  for (int s = 0; s < S - 1; ++s) {
-    if (s < cnt) {
-      issue(s, s);
-      cp_async_arrive(full_s + 8 * s);
+    for (int s = 0; s < S - 1; ++s) {
+      if (s < cnt) {
+        issue(s, s);
+        cp_async_arrive(full_s + 8 * s);
+      }
     }
   }
 
@@ -1452,7 +1531,7 @@ __device__ __forceinline__ void decode_ws_impl(
   uint32_t use = 0;  // how often that slot was filled before step i, mod 2: (i / S) & 1
   for (int i = 0; i < cnt; ++i) {
     // refill the slot step i - 1 used with step i + S - 1, once the 8 warps have read it
-    if (i + S - 1 < cnt) {
+    if (!TMA && i + S - 1 < cnt) {
       const int ns = slot == 0 ? S - 1 : slot - 1;
       if (i > 0) mbar_wait(empty_s + 8 * ns, static_cast<uint32_t>(((i - 1) / S) & 1));
       issue(i + S - 1, ns);
@@ -1475,16 +1554,31 @@ __device__ __forceinline__ void decode_ws_impl(
       ks[r] = sks[tok * NW];
       vs[r] = sks[16 * NW + tok * NW];
     }
-    const unsigned char* kh = sb + warp * L::HB;
+    // ws: head-major and swizzled; wt: as in global memory, [token][head][D]
+    const unsigned char* kh = sb + warp * (TMA ? D : L::HB);
+    constexpr int KRS = TMA ? NW * D : D;  // between a head's rows
     float sl[4], sp[4];
     float mx = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       float c[4] = {0.f, 0.f, 0.f, 0.f};
-      const unsigned char* kr = kh + (8 * j + g) * D;  // row 8j + g: its swizzle is g
+      const unsigned char* kr = kh + (8 * j + g) * KRS;  // row 8j + g: its swizzle is g
+      uint4 kq[2];
+      if constexpr (TMA) {
+        // rows 1 KiB apart share their banks: odd rows read their two chunks in the other
+        // order, so each load's 8-lane phase covers 8 distinct chunks
+        const int odd = g & 1;
+        const uint4 a = *reinterpret_cast<const uint4*>(kr + 32 * t + 16 * odd);
+        const uint4 b = *reinterpret_cast<const uint4*>(kr + 32 * t + 16 * (1 - odd));
+        kq[0] = odd ? b : a;
+        kq[1] = odd ? a : b;
+      } else {
+        kq[0] = *reinterpret_cast<const uint4*>(kr + (((2 * t) ^ g) << 4));
+        kq[1] = *reinterpret_cast<const uint4*>(kr + (((2 * t + 1) ^ g) << 4));
+      }
 #pragma unroll
       for (int c4 = 0; c4 < KW / 4; ++c4) {
-        const uint4 kw = *reinterpret_cast<const uint4*>(kr + (((2 * t + c4) ^ g) << 4));
+        const uint4 kw = kq[c4];
         const uint32_t kk[4] = {kw.x, kw.y, kw.z, kw.w};
 #pragma unroll
         for (int x = 0; x < 4; ++x) {
@@ -1508,8 +1602,8 @@ __device__ __forceinline__ void decode_ws_impl(
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int rr = (r >> 1) * 8 + 2 * t + (r & 1);
-      const uint4 x =
-          *reinterpret_cast<const uint4*>(kh + L::VOFF + rr * D + ((g ^ (rr & 7)) << 4));
+      const uint4 x = *reinterpret_cast<const uint4*>(
+          kh + L::VOFF + rr * KRS + (TMA ? g << 4 : (g ^ (rr & 7)) << 4));
       vr[r][0] = x.x;
       vr[r][1] = x.y;
       vr[r][2] = x.z;
@@ -1653,16 +1747,16 @@ __device__ __forceinline__ void decode_ws_impl(
                                        kv_bstride, sc_bstride);                                  \
   }
 
-#define PTHFA_WS(TN, T, S, MINB)                                                                 \
-  extern "C" __global__ void __launch_bounds__(256, MINB)                                        \
-      pthfa_decode_ws##S##_##TN##_d128_h8(                                                       \
+#define PTHFA_WS(TN, T, NAME, S, MODE, NTH, MINB)                                                \
+  extern "C" __global__ void __launch_bounds__(NTH, MINB)                                        \
+      pthfa_decode_##NAME##_##TN##_d128_h8(                                                      \
           const T* __restrict__ q, const int8_t* __restrict__ k_cache,                           \
           const int8_t* __restrict__ v_cache, const float* __restrict__ k_scale,                 \
           const float* __restrict__ v_scale, const int* __restrict__ block_tables,               \
           int bt_stride, const int* __restrict__ seq_lens, float* __restrict__ part_ml,          \
           float* __restrict__ part_acc, int gqa, int block_shift, int part_size, int max_parts,  \
           float scale_log2, long long kv_bstride, long long sc_bstride) {                        \
-    pthfa::decode_ws_impl<T, S>(q, k_cache, v_cache, k_scale, v_scale, block_tables, bt_stride, \
+    pthfa::decode_ws_impl<T, S, MODE>(q, k_cache, v_cache, k_scale, v_scale, block_tables, bt_stride, \
                                 seq_lens, part_ml, part_acc, gqa, block_shift, part_size,       \
                                 max_parts, scale_log2, kv_bstride, sc_bstride);                 \
   }
@@ -1689,11 +1783,16 @@ PTHFA_WB(fp16, __half, 128, 4, 8)
 PTHFA_WB(bf16, __nv_bfloat16, 128, 5, 8)
 PTHFA_WB(fp16, __half, 128, 5, 8)
 
-// the split whole-block kernel: 8 KV heads, head_dim 128; 3 stages (2 CTAs per SM) or 6 (1)
-PTHFA_WS(bf16, __nv_bfloat16, 3, 2)
-PTHFA_WS(fp16, __half, 3, 2)
-PTHFA_WS(bf16, __nv_bfloat16, 6, 1)
-PTHFA_WS(fp16, __half, 6, 1)
+// the split whole-block kernels: 8 KV heads, head_dim 128; 3 stages (2 CTAs per SM) or 6 (1);
+// ws6p with the L2 prefetch hint; wt6 with the bulk copy engine and a producer warp (sm_90)
+PTHFA_WS(bf16, __nv_bfloat16, ws3, 3, 0, 256, 2)
+PTHFA_WS(fp16, __half, ws3, 3, 0, 256, 2)
+PTHFA_WS(bf16, __nv_bfloat16, ws6, 6, 0, 256, 1)
+PTHFA_WS(fp16, __half, ws6, 6, 0, 256, 1)
+PTHFA_WS(bf16, __nv_bfloat16, ws6p, 6, 1, 256, 1)
+PTHFA_WS(fp16, __half, ws6p, 6, 1, 256, 1)
+PTHFA_WS(bf16, __nv_bfloat16, wt6, 6, 2, 288, 1)
+PTHFA_WS(fp16, __half, wt6, 6, 2, 288, 1)
 
 #ifdef PTHFA_PROBES
 // Measurement probes of cp3 (bf16, head_dim 128): see decode_cp_impl's P.

@@ -13,24 +13,43 @@ from ._driver import FMT_CP, FMT_MMA, FMT_PART, FMT_REDUCE, FMT_WB, _ArgBlock, _
 from ._knobs import knobs
 from ._signature import _Signature
 
-IMPLS = ("simt", "mma1", "cp3", "cp4", "wb4", "wb5", "ws3", "ws6")
+IMPLS = ("simt", "mma1", "cp3", "cp4", "wb4", "wb5", "ws3", "ws6", "ws6p", "wt6")
+WHOLE = ("wb", "ws", "wt")  # the whole-block kernels: one CTA per (partition, sequence)
+SPLIT = ("ws", "wt")  # of them, the split ones (mbarrier-paced rings, many partitions)
 DEFAULT = "cp3"
+SPLIT_DEFAULT = "ws6"
+SPLIT_MIN_SEQS = 32  # batches from this size up take SPLIT_DEFAULT where it is built
 
 
-def decode_impl(head_dim: int, part_size: int = 2048) -> str:
-    """The partition kernel: $PTHFA_IMPL if set (one of IMPLS), else the pipelined
-    tensor-core kernel cp3, which measured fastest on every benchmark shape on the H200
-    (2026-11-29) once its partition size is chosen by ``choose_part_size_cp``."""
+def decode_impl(num_seqs: int, num_kv_heads: int, head_dim: int, block_size: int) -> str:
+    """The partition kernel: $PTHFA_IMPL if set (one of IMPLS); else, for batches of at least
+    SPLIT_MIN_SEQS sequences of the shape it is built for (8 KV heads of 128 dims, blocks of
+    16 tokens or more), the split whole-block kernel SPLIT_DEFAULT; else the pipelined
+    tensor-core kernel cp3 (fastest on the smaller batches, H200, 2026-12-01), its partition
+    size chosen by ``choose_part_size_cp``."""
     impl = knobs().impl
     if impl:
         if impl not in IMPLS:
             raise ValueError(f"PTHFA_IMPL must be one of {IMPLS}, got {impl!r}")
         return impl
+    if num_seqs >= SPLIT_MIN_SEQS and V.wb_supported(num_kv_heads, head_dim, block_size):
+        return SPLIT_DEFAULT
     return DEFAULT
 
 
 _PLANS: dict[tuple[Any, ...], tuple[str, int]] = {}
 _SMS: dict[int, int] = {}
+_CAPS: dict[int, int] = {}
+
+
+def _capability(device: int) -> int:
+    """The device's compute capability major (9 for sm_90)."""
+    c = _CAPS.get(device)
+    if c is None:
+        import torch
+
+        c = _CAPS[device] = int(torch.cuda.get_device_capability(device)[0])
+    return c
 
 
 def _num_sms(device: int) -> int:
@@ -64,7 +83,7 @@ def plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int, gq
     ``$PTHFA_PART_SIZE`` (a measurement knob) forces the partition size: any multiple of 16
     and of block_size, not only powers of two.
     """
-    impl = decode_impl(head_dim)
+    impl = decode_impl(num_seqs, num_kv_heads, head_dim, block_size)
     env_part = knobs().part_size
     if env_part:
         part = int(env_part)
@@ -72,13 +91,13 @@ def plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int, gq
             raise ValueError(f"PTHFA_PART_SIZE must be a multiple of 16 and of block_size "
                              f"{block_size}, got {part}")
         return impl, part
-    whole = impl.startswith(("wb", "ws")) and V.wb_supported(num_kv_heads, head_dim, block_size)
-    if whole and impl.startswith("ws"):
+    whole = impl.startswith(WHOLE) and V.wb_supported(num_kv_heads, head_dim, block_size)
+    if whole and impl.startswith(SPLIT):
         part = V.choose_part_size_ws(num_seqs, max_seq_len, block_size, num_sms,
-                                     V.WS_PER_SM[int(impl[2:])])
+                                     V.WS_PER_SM[int(impl[2])])
     elif whole:
         part = V.choose_part_size_wb(num_seqs, max_seq_len, block_size, num_sms)
-    elif impl.startswith(("cp", "wb", "ws")):
+    elif impl.startswith(("cp",) + WHOLE):
         stages = int(impl[2:]) if impl.startswith("cp") else 3
         smem = V.smem_bytes_cp(2048, block_size, gqa, head_dim, stages)
         per_sm = max(1, min(3 if stages == 3 else 2, (228 << 10) // (smem + 1024)))
@@ -143,10 +162,12 @@ class _DecodePlan:
                                           a.block_size, a.gqa, a.head_dim, _num_sms(a.device))
         else:
             V.check_part_size(part_size, a.block_size, a.gqa, a.head_dim)
-            impl = decode_impl(a.head_dim, part_size)
-        if impl.startswith(("wb", "ws")) and not V.wb_supported(a.num_kv_heads, a.head_dim,
-                                                                a.block_size):
+            impl = decode_impl(a.num_seqs, a.num_kv_heads, a.head_dim, a.block_size)
+        if impl.startswith(WHOLE) and not V.wb_supported(a.num_kv_heads, a.head_dim,
+                                                          a.block_size):
             impl = DEFAULT  # the whole-block kernels are built for 8 KV heads of 128 dims
+        if impl.startswith("wt") and _capability(a.device) < 9:
+            impl = "ws" + impl[2:]  # the bulk copy engine is sm_90's
         max_parts = max(1, math.ceil(max_seq_len / part_size))
         rows = a.num_seqs * a.num_heads * max_parts
         # the accumulators first, so both buffers start 256-byte aligned
@@ -157,15 +178,16 @@ class _DecodePlan:
         self.part_ints: tuple[Any, ...]
         self.grid = (max_parts, a.num_kv_heads, a.num_seqs)
         self.threads = V.THREADS
-        if impl.startswith(("wb", "ws")):
+        if impl.startswith(WHOLE):
             name = f"pthfa_decode_{impl}_{a.dtype}_d{a.head_dim}_h{a.num_kv_heads}"
-            self.fmt = FMT_WB  # ws takes wb's arguments
+            self.fmt = FMT_WB  # ws and wt take wb's arguments
             self.grid = (max_parts, 1, a.num_seqs)
-            self.threads = 32 * a.num_kv_heads
+            # wt: a ninth warp, the producer
+            self.threads = 32 * a.num_kv_heads + (32 if impl.startswith("wt") else 0)
             self.part_ints = (a.gqa, block_shift, part_size, max_parts, scale_log2,
                               a.kv_bstride, a.sc_bstride)
-            self.smem = (V.smem_bytes_ws(part_size, a.block_size, int(impl[2:]))
-                         if impl.startswith("ws") else
+            self.smem = (V.smem_bytes_ws(part_size, a.block_size, int(impl[2]))
+                         if impl.startswith(SPLIT) else
                          V.smem_bytes_wb(part_size, a.block_size, a.num_kv_heads, a.head_dim,
                                          int(impl[2:])))
         elif impl == "simt":
