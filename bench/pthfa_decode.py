@@ -204,7 +204,7 @@ def main() -> int:
             torch.cuda.empty_cache()
             ts, tse, _bs, hows = bench_sdpa(b, ctx, gen)
             impl, part = _plan.plan(b, KVH, ctx, BS, H // KVH, D,
-                                    props.multi_processor_count)
+                                    props.multi_processor_count, props.major)
             row = (f"| {b} | {ctx} | {impl} ({part}) | {tpe * 1e6:.1f} | {tp * 1e6:.1f} | "
                    f"{bp / tp / 1e9:.0f} | {100 * bp / tp / bw:.0f}% | {tse * 1e6:.1f} | "
                    f"{ts * 1e6:.1f} | {hows} | {tse / tpe:.2f}x | {ts / tp:.2f}x |")

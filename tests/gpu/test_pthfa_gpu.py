@@ -256,6 +256,20 @@ def test_decode_eight_kv_heads(g: int, bs: int, name: str, part: int | None) -> 
                                 seed=900 + 10 * g + bs, part_size=part))
 
 
+def test_decode_default_whole_block_region() -> None:
+    """A batch in the region where the default dispatch takes the split whole-block kernel
+    (8 sequences, max_seq_len 16384: 2**17 tokens; wt6 on sm_90), ragged and with an empty
+    sequence; without $PTHFA_IMPL the plan must name that kernel."""
+    from pthfa import _knobs, _plan
+
+    lens = [16384, 0, 1, 17, 5000, 16000, 9999, 300]
+    if not _knobs.knobs().impl:
+        major = torch.cuda.get_device_capability()[0]
+        impl = _plan.plan(len(lens), 8, max(lens), 16, 4, 128, 132, major)[0]
+        assert impl == ("wt6" if major >= 9 else "cp3"), impl
+    RESULTS.append(_decode_case(lens, 8, 4, 128, 16, "bf16", seed=77))
+
+
 def test_decode_qwen3_8b_shape_and_empty_seq() -> None:
     lens = [8192, 0, 5, 4000, 7777, 1, 6000, 8191]
     RESULTS.append(_decode_case(lens, 8, 4, 128, 16, "bf16", seed=11))

@@ -17,22 +17,34 @@ IMPLS = ("simt", "mma1", "cp3", "cp4", "wb4", "wb5", "ws3", "ws6", "ws6p", "wt6"
 WHOLE = ("wb", "ws", "wt")  # the whole-block kernels: one CTA per (partition, sequence)
 SPLIT = ("ws", "wt")  # of them, the split ones (mbarrier-paced rings, many partitions)
 DEFAULT = "cp3"
-SPLIT_DEFAULT = "ws6"
-SPLIT_MIN_SEQS = 32  # batches from this size up take SPLIT_DEFAULT where it is built
+SPLIT_DEFAULT = "wt6"
+SPLIT_MIN_TOKENS = 1 << 17  # sequences x max_seq_len from which SPLIT_DEFAULT is taken
 
 
-def decode_impl(num_seqs: int, num_kv_heads: int, head_dim: int, block_size: int) -> str:
-    """The partition kernel: $PTHFA_IMPL if set (one of IMPLS); else, for batches of at least
-    SPLIT_MIN_SEQS sequences of the shape it is built for (8 KV heads of 128 dims, blocks of
-    16 tokens or more), the split whole-block kernel SPLIT_DEFAULT; else the pipelined
-    tensor-core kernel cp3 (fastest on the smaller batches, H200, 2026-12-01), its partition
+def split_default(num_seqs: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
+                  block_size: int, sm_major: int) -> bool:
+    """Whether the default dispatch takes SPLIT_DEFAULT (wt6) rather than cp3: on sm_90 and
+    later (the bulk copy engine), for the shape it is built for (8 KV heads of 128 dims,
+    blocks of 16 tokens or more), from 8 sequences of 2**17 tokens together, or 64 sequences
+    of any length. On the H200 (results/2026-12-01-split-whole-block.md) wt6 was faster than
+    cp3 on every benchmark shape of that region (8 x 32k, 16 x 8k and up, 64 x 1k) and
+    slower on every one outside it (1 x any, 8 x 1k-8k, 16 x 1k, 32 x 1k)."""
+    if sm_major < 9 or not V.wb_supported(num_kv_heads, head_dim, block_size):
+        return False
+    return num_seqs >= 64 or (num_seqs >= 8 and num_seqs * max_seq_len >= SPLIT_MIN_TOKENS)
+
+
+def decode_impl(num_seqs: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
+                block_size: int, sm_major: int) -> str:
+    """The partition kernel: $PTHFA_IMPL if set (one of IMPLS); else SPLIT_DEFAULT where
+    :func:`split_default` says so; else the pipelined tensor-core kernel cp3, its partition
     size chosen by ``choose_part_size_cp``."""
     impl = knobs().impl
     if impl:
         if impl not in IMPLS:
             raise ValueError(f"PTHFA_IMPL must be one of {IMPLS}, got {impl!r}")
         return impl
-    if num_seqs >= SPLIT_MIN_SEQS and V.wb_supported(num_kv_heads, head_dim, block_size):
+    if split_default(num_seqs, num_kv_heads, max_seq_len, head_dim, block_size, sm_major):
         return SPLIT_DEFAULT
     return DEFAULT
 
@@ -62,28 +74,31 @@ def _num_sms(device: int) -> int:
 
 
 def cached_plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int,
-                gqa: int, head_dim: int, num_sms: int) -> tuple[str, int]:
+                gqa: int, head_dim: int, num_sms: int, sm_major: int = 9) -> tuple[str, int]:
     """:func:`plan`, remembered per arguments (the knobs it reads are fixed until
     :func:`reload_env`, which forgets these)."""
-    key = (num_seqs, num_kv_heads, max_seq_len, block_size, gqa, head_dim, num_sms)
+    key = (num_seqs, num_kv_heads, max_seq_len, block_size, gqa, head_dim, num_sms, sm_major)
     got = _PLANS.get(key)
     if got is None:
-        got = plan(num_seqs, num_kv_heads, max_seq_len, block_size, gqa, head_dim, num_sms)
+        got = plan(num_seqs, num_kv_heads, max_seq_len, block_size, gqa, head_dim, num_sms,
+                   sm_major)
         if len(_PLANS) < 4096:
             _PLANS[key] = got
     return got
 
 
 def plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int, gqa: int,
-         head_dim: int, num_sms: int) -> tuple[str, int]:
-    """(partition kernel, partition size) that ``decode`` uses when no part_size is given.
+         head_dim: int, num_sms: int, sm_major: int = 9) -> tuple[str, int]:
+    """(partition kernel, partition size) that ``decode`` uses when no part_size is given, on
+    a device of ``num_sms`` SMs and compute capability ``sm_major``.x.
 
+    ws/wt: ``choose_part_size_ws`` with their CTAs per SM; wb: ``choose_part_size_wb``;
     cp3/cp4: ``choose_part_size_cp`` with the CTAs per SM that their registers and shared
     memory allow; mma1: ``choose_part_size_mma``; simt: ``choose_part_size``.
     ``$PTHFA_PART_SIZE`` (a measurement knob) forces the partition size: any multiple of 16
     and of block_size, not only powers of two.
     """
-    impl = decode_impl(num_seqs, num_kv_heads, head_dim, block_size)
+    impl = decode_impl(num_seqs, num_kv_heads, max_seq_len, head_dim, block_size, sm_major)
     env_part = knobs().part_size
     if env_part:
         part = int(env_part)
@@ -157,12 +172,17 @@ class _DecodePlan:
         self.empty = a.num_seqs == 0 or a.num_heads == 0
         if self.empty:
             return
+        # the capability matters only where a whole-block kernel could run
+        cap = (_capability(a.device)
+               if V.wb_supported(a.num_kv_heads, a.head_dim, a.block_size) else 0)
         if part_size is None:
             impl, part_size = cached_plan(a.num_seqs, a.num_kv_heads, max_seq_len,
-                                          a.block_size, a.gqa, a.head_dim, _num_sms(a.device))
+                                          a.block_size, a.gqa, a.head_dim, _num_sms(a.device),
+                                          cap)
         else:
             V.check_part_size(part_size, a.block_size, a.gqa, a.head_dim)
-            impl = decode_impl(a.num_seqs, a.num_kv_heads, a.head_dim, a.block_size)
+            impl = decode_impl(a.num_seqs, a.num_kv_heads, max_seq_len, a.head_dim,
+                               a.block_size, cap)
         if impl.startswith(WHOLE) and not V.wb_supported(a.num_kv_heads, a.head_dim,
                                                           a.block_size):
             impl = DEFAULT  # the whole-block kernels are built for 8 KV heads of 128 dims
