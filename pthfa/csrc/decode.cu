@@ -1252,6 +1252,11 @@ __device__ __forceinline__ void decode_wb_impl(
 // The partitions are split like cp3's (many CTAs, the reduce kernel merges them); a warp
 // writes its (m, l) and accumulators straight to the scratch. Needs 8 KV heads, head_dim 128
 // and block_size >= 16 (a step inside one block).
+// wt6 (pthfa_decode_wt6_*, sm_90, the default for large batches): the same ring of 6 stages
+// filled by a ninth warp with the bulk copy engine: K and V of a step are one cp.async.bulk
+// each (16 KiB, unswizzled: [token][head][D] as in memory), the producer's lanes copy the
+// scales with cp.async, and full[s] expects the bulk bytes plus the 32 lanes' arrivals; the
+// producer alone waits on empty[s]. ws6p: ws6 with the L2::256B prefetch hint.
 namespace mmak {
 
 __device__ __forceinline__ void mbar_init(uint32_t a, int count) {
