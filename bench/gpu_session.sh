@@ -11,7 +11,7 @@ set -uo pipefail
 OUT=${OUT:-$PWD/.devout}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/pthfa/python:$PWD
-IMPLS=${IMPLS:-simt,mma1,cp4}
+IMPLS=${IMPLS:-simt,mma1,cp4,wt6}
 SWEEP=${SWEEP:-}
 BENCH=${BENCH:-1}
 CUB=pthfa/python/pthfa/cubins

@@ -117,7 +117,10 @@ def main() -> int:
         rows.append((f"whole-page loads, pages in order, {best} parts/seq",
                      run(best, seqtab)))
         tcp, _ = B.timed(x.paged_fns())
-        rows.append(("pthfa.decode (cp3) over the same pages, graph", tcp))
+        impl = B._plan.plan(b, B.KVH, ctx, B.BS, B.H // B.KVH, B.D,
+                            torch.cuda.get_device_properties(0).multi_processor_count,
+                            torch.cuda.get_device_capability(0)[0])[0]
+        rows.append((f"pthfa.decode ({impl}) over the same pages, graph", tcp))
         del x, pages
         torch.cuda.empty_cache()
         ts, _, _, _ = B.bench_sdpa(b, ctx, gen)

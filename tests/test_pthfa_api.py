@@ -252,7 +252,7 @@ def test_the_driver_argument_block_holds_each_value_at_its_address() -> None:
 
 @pytest.mark.parametrize("fmt,kernel", [
     ("FMT_QUANTIZE", "quantize"), ("FMT_PART", "part"), ("FMT_MMA", "mma"),
-    ("FMT_CP", "cp"), ("FMT_WB", "wb"), ("FMT_REDUCE", "reduce")])
+    ("FMT_CP", "cp"), ("FMT_WB", "wb"), ("FMT_WB", "ws"), ("FMT_REDUCE", "reduce")])
 def test_argument_formats_match_the_kernels(fmt: str, kernel: str) -> None:
     """Each launch format has one code per parameter of its kernel in decode.cu/quantize.cu,
     of the same type: the driver reads exactly these bytes."""
@@ -264,6 +264,7 @@ def test_argument_formats_match_the_kernels(fmt: str, kernel: str) -> None:
                  "mma": ("decode.cu", "pthfa_decode_mma##NS##SUF##_##TN##_d##D("),
                  "cp": ("decode.cu", "pthfa_decode_cp##S##_##TN##_d##D("),
                  "wb": ("decode.cu", "pthfa_decode_wb##S##_##TN##_d##D##_h##NW("),
+                 "ws": ("decode.cu", "pthfa_decode_##NAME##_##TN##_d128_h8("),
                  "reduce": ("decode.cu", "pthfa_decode_reduce_##TN##_d##D(")}[kernel]
     text = (csrc / src).read_text()
     at = text.index(name) + len(name)
@@ -304,6 +305,7 @@ def test_whole_block_plan(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(_plan, "_kernel", lambda dev, name, fmt, smem=0: (dev, name, fmt, smem))
     monkeypatch.setattr(_plan, "_num_sms", lambda dev: 132)
+    monkeypatch.setattr(_plan, "_capability", lambda dev: 9)
     monkeypatch.setenv("PTHFA_IMPL", "wb4")
     _ops.reload_env()
     try:
@@ -324,6 +326,82 @@ def test_whole_block_plan(monkeypatch: pytest.MonkeyPatch) -> None:
         assert p.counters == 0
         q = _plan._DecodePlan(V.check_decode(**dec()), 70, None, None)  # 2 KV heads: cp3
         assert q.threads == V.THREADS and q.fmt == _driver.FMT_CP
+    finally:
+        monkeypatch.delenv("PTHFA_IMPL")
+        _ops.reload_env()
+
+
+def _kvh8(seqs: int, max_blocks: int = 5, bs: int = BS) -> dict[str, Any]:
+    nb = seqs * max_blocks + 1
+    return {"query": T((seqs, 32, D)), "k_cache": T((nb, bs, 8, D), "torch.int8"),
+            "v_cache": T((nb, bs, 8, D), "torch.int8"),
+            "k_scale": T((nb, bs, 8), "torch.float32"),
+            "v_scale": T((nb, bs, 8), "torch.float32"),
+            "block_tables": T((seqs, max_blocks), "torch.int32"),
+            "seq_lens": T((seqs,), "torch.int32")}
+
+
+def test_split_whole_block_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On sm_90, 8 KV heads of 128 dims, blocks of 16 tokens or more, from 8 sequences of
+    2**17 tokens together (or 64 of any length): the split whole-block kernel wt6 (one CTA
+    of 8 compute warps and a producer warp per partition and sequence, partitions by cp3's
+    cost model at one CTA per SM), with its shared memory and the reduce kernel. Smaller
+    batches, other shapes and older GPUs keep cp3; $PTHFA_IMPL still forces; a forced wt6
+    runs as ws6 before sm_90."""
+    from pthfa import _driver, _ops, _plan
+
+    monkeypatch.setattr(_plan, "_kernel", lambda dev, name, fmt, smem=0: (dev, name, fmt, smem))
+    monkeypatch.setattr(_plan, "_num_sms", lambda dev: 132)
+    monkeypatch.setattr(_plan, "_capability", lambda dev: 9)
+    _ops.reload_env()
+    assert _plan.plan(64, 8, 8192, 16, 4, 128, 132) == ("wt6", 4096)
+    assert _plan.plan(64, 8, 32768, 16, 4, 128, 132) == ("wt6", 16384)
+    assert _plan.plan(64, 8, 1024, 16, 4, 128, 132)[0] == "wt6"
+    assert _plan.plan(8, 8, 32768, 16, 4, 128, 132)[0] == "wt6"
+    assert _plan.plan(16, 8, 8192, 16, 4, 128, 132)[0] == "wt6"
+    for b, ctx in ((1, 1 << 20), (8, 8192), (16, 1024), (32, 1024), (63, 2048)):
+        assert _plan.plan(b, 8, ctx, 16, 4, 128, 132)[0] == "cp3", (b, ctx)
+    assert _plan.plan(64, 8, 8192, 16, 4, 128, 132, sm_major=8)[0] == "cp3"
+    assert _plan.plan(64, 4, 8192, 16, 8, 128, 132)[0] == "cp3"  # 4 KV heads
+    assert _plan.plan(64, 8, 8192, 16, 4, 64, 132)[0] == "cp3"  # head_dim 64
+    assert _plan.plan(64, 8, 8192, 8, 4, 128, 132)[0] == "cp3"  # a step spans blocks
+    # one wave of 128 CTAs at 64 x 8k; never a longer partition than the block-table slice
+    # leaves room for
+    assert V.choose_part_size_ws(64, 8192, 16, 132, 1) == 4096
+    assert V.choose_part_size_ws(64, 8192, 16, 132, 2) == 2048
+    assert V.choose_part_size_ws(1, 1 << 20, 16, 132, 1) <= V.WS_MAX_PART
+    assert V.smem_bytes_ws(4096, 16, 6) == 128 + 6 * 33792 + 4 * 256
+    assert V.smem_bytes_ws(V.WS_MAX_PART, 16, 3) * 2 + 2048 <= 228 << 10  # 2 CTAs per SM
+    assert V.smem_bytes_ws(V.WS_MAX_PART, 16, 6) <= V.SMEM_LIMIT
+    a = V.check_decode(**_kvh8(64))
+    p = _plan._DecodePlan(a, 70, None, None)
+    ps = V.choose_part_size_ws(64, 70, BS, 132, 1)
+    assert p.grid == (-(-70 // ps), 1, 64) and p.threads == 288 and p.fmt == _driver.FMT_WB
+    part: object = p.part
+    assert part == (0, "pthfa_decode_wt6_bf16_d128_h8", _driver.FMT_WB,
+                    V.smem_bytes_ws(ps, BS, 6))
+    assert p.part_ints[:4] == (4, 4, ps, -(-70 // ps))  # gqa, block_shift, part, parts
+    p32 = _plan._DecodePlan(a, 70, 32, None)  # an explicit partition size: the same kernel
+    assert p32.grid == (3, 1, 64) and p32.part_ints[:4] == (4, 4, 32, 3)
+    assert p.counters == 0  # the reduce kernel merges the partitions, eager too
+    small = _plan._DecodePlan(V.check_decode(**_kvh8(8)), 70, None, None)
+    assert small.fmt == _driver.FMT_CP and small.threads == V.THREADS
+    monkeypatch.setattr(_plan, "_capability", lambda dev: 8)
+    _ops.reload_env()
+    old = _plan._DecodePlan(V.check_decode(**_kvh8(64)), 70, None, None)
+    assert old.fmt == _driver.FMT_CP  # before sm_90: cp3
+    monkeypatch.setenv("PTHFA_IMPL", "wt6")
+    _ops.reload_env()
+    try:
+        w8 = _plan._DecodePlan(V.check_decode(**_kvh8(2)), 70, None, None)
+        assert w8.threads == 256  # no bulk copy engine before sm_90: ws6
+        assert w8.part[1] == "pthfa_decode_ws6_bf16_d128_h8"  # type: ignore[index]
+        monkeypatch.setattr(_plan, "_capability", lambda dev: 9)
+        w = _plan._DecodePlan(V.check_decode(**_kvh8(2)), 70, None, None)
+        assert w.threads == 288 and w.grid == (3, 1, 2)  # a ninth warp: the producer
+        monkeypatch.setenv("PTHFA_IMPL", "cp3")
+        _ops.reload_env()
+        assert _plan.plan(64, 8, 8192, 16, 4, 128, 132)[0] == "cp3"
     finally:
         monkeypatch.delenv("PTHFA_IMPL")
         _ops.reload_env()

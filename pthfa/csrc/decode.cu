@@ -1231,6 +1231,453 @@ __device__ __forceinline__ void decode_wb_impl(
   }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Split whole-block partition kernel (pthfa_decode_ws<S>_*): the whole-block access of wb
+// (one CTA of 8 warps per (partition, sequence), warp w = KV head w with cp3's math, each
+// 16-token step of all 8 heads copied by the CTA as contiguous runs: every warp-wide copy
+// instruction moves 512 contiguous bytes of the block), made light enough for several CTAs
+// per SM and paced by mbarriers instead of CTA-wide barriers:
+// - the stage is the step's bytes and no more (K 16 KiB, V 16 KiB, the scales 2 x 512 B =
+//   33792 B, a page's share of 16 tokens): rows are not padded but their 16-byte chunks are
+//   XOR-swizzled by the row (chunk c of row r at c ^ (r & 7)), which keeps the K and V
+//   fragment reads free of bank conflicts; ws3 is a ring of 3 stages (99 KiB, 2 CTAs and
+//   16 warps per SM, at most 128 registers), ws6 a ring of 6 (one CTA per SM);
+// - full[s]: every thread's copies of the step in slot s have landed (cp.async's own arrival
+//   on an mbarrier of 256 arrivals: no wait_group, no __syncthreads); a warp waits only for
+//   the step it computes;
+// - empty[s]: the 8 warps have read their fragments of slot s (one arrival per warp, after
+//   the V fragments are in registers, before the PV products): the refill of a slot waits
+//   for the reads of it only, not for the whole step to be computed.
+// The partitions are split like cp3's (many CTAs, the reduce kernel merges them); a warp
+// writes its (m, l) and accumulators straight to the scratch. Needs 8 KV heads, head_dim 128
+// and block_size >= 16 (a step inside one block).
+// wt6 (pthfa_decode_wt6_*, sm_90, the default for large batches): the same ring of 6 stages
+// filled by a ninth warp with the bulk copy engine: K and V of a step are one cp.async.bulk
+// each (16 KiB, unswizzled: [token][head][D] as in memory), the producer's lanes copy the
+// scales with cp.async, and full[s] expects the bulk bytes plus the 32 lanes' arrivals; the
+// producer alone waits on empty[s]. ws6p: ws6 with the L2::256B prefetch hint.
+namespace mmak {
+
+__device__ __forceinline__ void mbar_init(uint32_t a, int count) {
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t a) {
+  asm volatile(
+      "{\n"
+      ".reg .b64 st;\n"
+      "mbarrier.arrive.shared.b64 st, [%0];\n"
+      "}" ::"r"(a)
+      : "memory");
+}
+
+// the mbarrier counts one arrival of this thread once all its earlier cp.async have landed
+__device__ __forceinline__ void cp_async_arrive(uint32_t a) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(a) : "memory");
+}
+
+__device__ __forceinline__ bool mbar_done(uint32_t a, uint32_t parity) {
+  uint32_t ok;
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}"
+      : "=r"(ok)
+      : "r"(a), "r"(parity)
+      : "memory");
+#else
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}"
+      : "=r"(ok)
+      : "r"(a), "r"(parity)
+      : "memory");
+#endif
+  return ok != 0;
+}
+
+// wait until the phase of the given parity has completed
+__device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t parity) {
+  while (!mbar_done(a, parity)) {
+  }
+}
+
+// cp.async of 16 bytes with the L2 prefetch hint of 256 bytes (the L2 fetches the 256-byte
+// run the chunk is in: a warp's instruction covers two such runs)
+__device__ __forceinline__ void cp_async16_l2(uint32_t s, const void* g) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
+}
+
+#if __CUDA_ARCH__ >= 900
+// one arrival that also expects tx more bytes of bulk copies before the phase can complete
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t a, uint32_t tx) {
+  asm volatile(
+      "{\n"
+      ".reg .b64 st;\n"
+      "mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n"
+      "}" ::"r"(a), "r"(tx)
+      : "memory");
+}
+
+// the bulk copy engine (TMA) copies bytes (a multiple of 16) of a contiguous run into shared
+// memory and counts them off the mbarrier's expected bytes
+__device__ __forceinline__ void bulk_g2s(uint32_t s, const void* g, uint32_t bytes, uint32_t mbar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(s),
+      "l"(g), "r"(bytes), "r"(mbar)
+      : "memory");
+}
+#endif
+
+}  // namespace mmak
+
+struct WsLayout {
+  static constexpr int D = 128;
+  static constexpr int NW = 8;                    // KV heads = warps
+  static constexpr int HB = 16 * D;               // a head's 16 rows of a step
+  static constexpr int VOFF = NW * HB;            // K [head][token][D], then V
+  static constexpr int SOFF = 2 * NW * HB;        // k scales [token][head], then v scales
+  static constexpr int STAGE = SOFF + 2 * 16 * NW * 4;  // 33792 bytes
+  static constexpr int RING = 128;                // ring offset: full[S], empty[S] before it
+};
+
+// MODE 0: the CTA's 256 threads copy with cp.async; 1: the same with the L2 256-byte prefetch
+// hint; 2 (sm_90, wt): a ninth warp is the producer: the bulk copy engine moves each step's
+// K and V runs (16 KiB each) into the ring unswizzled, the warp's lanes copy the scales, and
+// the 8 compute warps never issue a copy or wait for a slot to empty.
+template <typename T, int S, int MODE>
+__device__ __forceinline__ void decode_ws_impl(
+    const T* __restrict__ q, const int8_t* __restrict__ k_cache,
+    const int8_t* __restrict__ v_cache, const float* __restrict__ k_scale,
+    const float* __restrict__ v_scale, const int* __restrict__ block_tables, int bt_stride,
+    const int* __restrict__ seq_lens, float* __restrict__ part_ml, float* __restrict__ part_acc,
+    int G, int block_shift, int part_size, int max_parts, float scale_log2,
+    long long kv_bstride, long long sc_bstride) {
+  using namespace mmak;
+  using L = WsLayout;
+  constexpr int D = L::D;
+  constexpr int NW = L::NW;
+  constexpr int NTH = NW * 32;
+  constexpr int KW = D / 16;
+  constexpr int VW = D / 32;
+  constexpr int NT = D / 8;
+  constexpr int CPT = 16 * NW * D / 16 / NTH;  // 16-byte chunks of K (and of V) per thread
+  constexpr bool TMA = MODE == 2;
+  static_assert(S * 2 * 8 <= L::RING, "the mbarriers fit before the ring");
+  extern __shared__ __align__(128) unsigned char wsm[];
+
+  const int part = blockIdx.x;
+  const int seq = blockIdx.z;
+  const int seq_len = seq_lens[seq];
+  const int t0 = part * part_size;
+  if (t0 >= seq_len) return;
+  const int n = min(part_size, seq_len - t0);
+  const int block_mask = (1 << block_shift) - 1;
+  const int nblk = (n + block_mask) >> block_shift;
+  int* bt_s = reinterpret_cast<int*>(wsm + L::RING + S * L::STAGE);
+  const unsigned char* ring = wsm + L::RING;
+  const uint32_t full_s = smem_u32(wsm);       // full[s] at full_s + 8 s
+  const uint32_t empty_s = full_s + 8 * S;     // empty[s] at empty_s + 8 s
+  const uint32_t ring_s = smem_u32(ring);
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;  // = kv head
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int H = NW * G;
+
+  // the query's raw 16-bit values, two a word (converted once the first steps are in flight)
+  uint32_t qw[D / 8];
+  {
+    const bool hv = g < G && warp < NW;  // (warp NW is wt's producer)
+    const uint16_t* qp = reinterpret_cast<const uint16_t*>(q) +
+                         ((long long)seq * H + (long long)warp * G + (hv ? g : 0)) * D + t * (D / 4);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      qw[j] = hv ? static_cast<uint32_t>(qp[2 * j]) | (static_cast<uint32_t>(qp[2 * j + 1]) << 16)
+                 : 0u;
+  }
+  const int* bt = block_tables + (long long)seq * bt_stride + (t0 >> block_shift);
+  for (int i = tid; i < nblk; i += blockDim.x) bt_s[i] = bt[i];
+  if (tid < S) {
+    // wt: the producer's expect_tx arrival and its 32 lanes' scale copies
+    mbar_init(full_s + 8 * tid, TMA ? 33 : NTH);
+    mbar_init(empty_s + 8 * tid, NW);
+  }
+  if constexpr (TMA) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#else
+    __trap();  // built for sm_90 only (the planner never picks it below)
+#endif
+  }
+  __syncthreads();
+  const int cnt = (n + 15) / 16;
+
+  if constexpr (TMA) {
+#if __CUDA_ARCH__ >= 900
+    if (warp == NW) {  // the producer: step j into slot j % S once its last reads are done
+      for (int j = 0; j < cnt; ++j) {
+        const int sl = j % S;
+        if (j >= S) mbar_wait(empty_s + 8 * sl, static_cast<uint32_t>((j / S - 1) & 1));
+        const int b16 = j * 16;
+        const long long blk = bt_s[b16 >> block_shift];
+        const long long in0 = (long long)((t0 + b16) & block_mask) * NW;
+        const uint32_t sb = ring_s + sl * L::STAGE;
+        const uint32_t fb = full_s + 8 * sl;
+        if (lane == 0) {
+          mbar_arrive_expect_tx(fb, 2 * NW * L::HB);
+          bulk_g2s(sb, k_cache + blk * kv_bstride + in0 * D, NW * L::HB, fb);
+          bulk_g2s(sb + L::VOFF, v_cache + blk * kv_bstride + in0 * D, NW * L::HB, fb);
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {  // the 128 k scales, then the 128 v scales
+          const int x = lane + 32 * k;
+          const float* src = (x < 16 * NW ? k_scale : v_scale) + blk * sc_bstride + in0 +
+                             (x & (16 * NW - 1));
+          cp_async4(sb + L::SOFF + x * 4, src);
+        }
+        cp_async_arrive(fb);
+      }
+      cp_wait<0>();
+      return;
+    }
+#endif
+  }
+
+  // step it (tokens t0 + 16 it .. + 15, inside one block) into slot: chunk c of the step's K
+  // (and V) run is row c / 8 = token * 8 + head, column c % 8; thread tid copies chunks
+  // tid + 256 k, so a warp's copy instruction covers 512 contiguous bytes
+  auto issue = [&](int it, int slot) {
+    const int b16 = it * 16;
+    const long long blk = bt_s[b16 >> block_shift];
+    const long long in0 = (long long)((t0 + b16) & block_mask) * NW;  // first row of the step
+    const int8_t* kb = k_cache + blk * kv_bstride + in0 * D;
+    const int8_t* vb = v_cache + blk * kv_bstride + in0 * D;
+    const uint32_t sb = ring_s + slot * L::STAGE;
+#pragma unroll
+    for (int k = 0; k < CPT; ++k) {
+      const int c = tid + NTH * k;
+      const int row = c >> 3;
+      const int col = c & 7;
+      const int r = row / NW;
+      const int h = row % NW;
+      const uint32_t d = sb + h * L::HB + r * D + ((col ^ (r & 7)) << 4);
+      if constexpr (MODE == 1) {
+        cp_async16_l2(d, kb + (long long)c * 16);
+        cp_async16_l2(d + L::VOFF, vb + (long long)c * 16);
+      } else {
+        cp_async16(d, kb + (long long)c * 16);
+        cp_async16(d + L::VOFF, vb + (long long)c * 16);
+      }
+    }
+    // the 128 k scales, then the 128 v scales, in global order [token][head]
+    const float* src = (tid < 16 * NW ? k_scale : v_scale) + blk * sc_bstride + in0 +
+                       (tid & (16 * NW - 1));
+    cp_async4(sb + L::SOFF + tid * 4, src);
+  };
+
+  if constexpr (!TMA) {
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) {
+      if (s < cnt) {
+        issue(s, s);
+        cp_async_arrive(full_s + 8 * s);
+      }
+    }
+  }
+
+  uint32_t qa[KW][2];
+  float qscale;
+  {
+    float qf[D / 4];
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const uint16_t lo = static_cast<uint16_t>(qw[j]), hi = static_cast<uint16_t>(qw[j] >> 16);
+      qf[2 * j] = Conv<T>::to_float(*reinterpret_cast<const T*>(&lo));
+      qf[2 * j + 1] = Conv<T>::to_float(*reinterpret_cast<const T*>(&hi));
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < D / 4; ++j) amax = fmaxf(amax, fabsf(qf[j]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    int e = 0;
+    if (amax > 0.f && amax < INFINITY) {
+      int ex;
+      frexpf(amax, &ex);
+      e = min(max(15 - ex, -120), 120);
+    }
+    const float f = ldexpf(1.f, e);
+#pragma unroll
+    for (int c = 0; c < KW; ++c) {
+      qa[c][0] = pack_h2(qf[4 * c + 0] * f, qf[4 * c + 1] * f);
+      qa[c][1] = pack_h2(qf[4 * c + 2] * f, qf[4 * c + 3] * f);
+    }
+    qscale = scale_log2 * ldexpf(1.f, -e);
+  }
+
+  float m_run = -INFINITY;
+  float l_run = 0.f;
+  float acc[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+  int slot = 0;      // step i's slot: i % S
+  uint32_t use = 0;  // how often that slot was filled before step i, mod 2: (i / S) & 1
+  for (int i = 0; i < cnt; ++i) {
+    // refill the slot step i - 1 used with step i + S - 1, once the 8 warps have read it
+    if (!TMA && i + S - 1 < cnt) {
+      const int ns = slot == 0 ? S - 1 : slot - 1;
+      if (i > 0) mbar_wait(empty_s + 8 * ns, static_cast<uint32_t>(((i - 1) / S) & 1));
+      issue(i + S - 1, ns);
+      cp_async_arrive(full_s + 8 * ns);
+    }
+    mbar_wait(full_s + 8 * slot, use);
+
+    const unsigned char* sb = ring + slot * L::STAGE;
+    const int cur = slot;
+    if (++slot == S) {
+      slot = 0;
+      use ^= 1u;
+    }
+    const int base = i * 16;
+    const float* sks = reinterpret_cast<const float*>(sb + L::SOFF) + warp;
+    float ks[4], vs[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int tok = (r >> 1) * 8 + 2 * t + (r & 1);
+      ks[r] = sks[tok * NW];
+      vs[r] = sks[16 * NW + tok * NW];
+    }
+    // ws: head-major and swizzled; wt: as in global memory, [token][head][D]
+    const unsigned char* kh = sb + warp * (TMA ? D : L::HB);
+    constexpr int KRS = TMA ? NW * D : D;  // between a head's rows
+    float sl[4], sp[4];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+      const unsigned char* kr = kh + (8 * j + g) * KRS;  // row 8j + g: its swizzle is g
+      uint4 kq[2];
+      if constexpr (TMA) {
+        // rows 1 KiB apart share their banks: odd rows read their two chunks in the other
+        // order, so each load's 8-lane phase covers 8 distinct chunks
+        const int odd = g & 1;
+        const uint4 a = *reinterpret_cast<const uint4*>(kr + 32 * t + 16 * odd);
+        const uint4 b = *reinterpret_cast<const uint4*>(kr + 32 * t + 16 * (1 - odd));
+        kq[0] = odd ? b : a;
+        kq[1] = odd ? a : b;
+      } else {
+        kq[0] = *reinterpret_cast<const uint4*>(kr + (((2 * t) ^ g) << 4));
+        kq[1] = *reinterpret_cast<const uint4*>(kr + (((2 * t + 1) ^ g) << 4));
+      }
+#pragma unroll
+      for (int c4 = 0; c4 < KW / 4; ++c4) {
+        const uint4 kw = kq[c4];
+        const uint32_t kk[4] = {kw.x, kw.y, kw.z, kw.w};
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          const int cc = 4 * c4 + x;
+          const uint32_t u = kk[x] ^ 0x80808080u;
+          mma16816(c, qa[cc][0], 0u, qa[cc][1], 0u, h2_from_ob(u, 0x4140),
+                   h2_from_ob(u, 0x4342));
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int r = 2 * j + e;
+        const bool valid = base + 8 * j + 2 * t + e < n;
+        const float x = c[e] * (ks[r] * qscale);
+        sl[r] = valid ? x : -INFINITY;
+        sp[r] = valid ? x + lg2(fmaxf(vs[r], 1e-30f)) : -INFINITY;
+        mx = fmaxf(mx, sp[r]);
+      }
+    }
+    uint32_t vr[4][VW];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int rr = (r >> 1) * 8 + 2 * t + (r & 1);
+      const uint4 x = *reinterpret_cast<const uint4*>(
+          kh + L::VOFF + rr * KRS + (TMA ? g << 4 : (g ^ (rr & 7)) << 4));
+      vr[r][0] = x.x;
+      vr[r][1] = x.y;
+      vr[r][2] = x.z;
+      vr[r][3] = x.w;
+    }
+    __syncwarp();  // every lane has read its fragments of this slot
+    if (lane == 0) mbar_arrive(empty_s + 8 * cur);
+
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run, mx);
+    if (__any_sync(0xffffffffu, m_new > m_run)) {
+      const float alpha = ex2(m_run - m_new);
+      l_run *= alpha;
+#pragma unroll
+      for (int k = 0; k < NT; ++k) {
+        acc[k][0] *= alpha;
+        acc[k][1] *= alpha;
+        acc[k][2] *= alpha;
+        acc[k][3] *= alpha;
+      }
+    }
+    m_run = m_new;
+
+    uint32_t ph[2], pl[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float p0 = ex2(sp[2 * j] - m_new);
+      const float p1 = ex2(sp[2 * j + 1] - m_new);
+      l_run += ex2(sl[2 * j] - m_new) + ex2(sl[2 * j + 1] - m_new);
+      ph[j] = pack_h2(p0, p1);
+      const float2 back = unpack_h2(ph[j]);
+      pl[j] = pack_h2(p0 - back.x, p1 - back.y);
+    }
+#pragma unroll
+    for (int w = 0; w < VW; ++w) {
+      const uint32_t u0 = vr[0][w] ^ 0x80808080u, u1 = vr[1][w] ^ 0x80808080u;
+      const uint32_t u2 = vr[2][w] ^ 0x80808080u, u3 = vr[3][w] ^ 0x80808080u;
+      const uint32_t x01 = __byte_perm(u0, u1, 0x5140), y01 = __byte_perm(u0, u1, 0x7362);
+      const uint32_t x23 = __byte_perm(u2, u3, 0x5140), y23 = __byte_perm(u2, u3, 0x7362);
+      mma16816(acc[4 * w + 0], ph[0], pl[0], ph[1], pl[1], h2_from_ob(x01, 0x4140),
+               h2_from_ob(x23, 0x4140));
+      mma16816(acc[4 * w + 1], ph[0], pl[0], ph[1], pl[1], h2_from_ob(x01, 0x4342),
+               h2_from_ob(x23, 0x4342));
+      mma16816(acc[4 * w + 2], ph[0], pl[0], ph[1], pl[1], h2_from_ob(y01, 0x4140),
+               h2_from_ob(y23, 0x4140));
+      mma16816(acc[4 * w + 3], ph[0], pl[0], ph[1], pl[1], h2_from_ob(y01, 0x4342),
+               h2_from_ob(y23, 0x4342));
+    }
+  }
+
+  // the warp's partition result for its G query rows: no merge (one warp per head)
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  if (g < G) {
+    const long long o = ((long long)seq * H + warp * G + g) * max_parts + part;
+    float* pa = part_acc + o * D;
+#pragma unroll
+    for (int k = 0; k < NT; ++k) {
+      pa[(2 * t) * (D / 8) + k] = acc[k][0] + acc[k][2];
+      pa[(2 * t + 1) * (D / 8) + k] = acc[k][1] + acc[k][3];
+    }
+    if (t == 0) {
+      part_ml[o * 2 + 0] = m_run;
+      part_ml[o * 2 + 1] = l_run;
+    }
+  }
+}
+
 }  // namespace pthfa
 
 #define PTHFA_PART(TN, T, D, G)                                                                  \
@@ -1305,6 +1752,20 @@ __device__ __forceinline__ void decode_wb_impl(
                                        kv_bstride, sc_bstride);                                  \
   }
 
+#define PTHFA_WS(TN, T, NAME, S, MODE, NTH, MINB)                                                \
+  extern "C" __global__ void __launch_bounds__(NTH, MINB)                                        \
+      pthfa_decode_##NAME##_##TN##_d128_h8(                                                      \
+          const T* __restrict__ q, const int8_t* __restrict__ k_cache,                           \
+          const int8_t* __restrict__ v_cache, const float* __restrict__ k_scale,                 \
+          const float* __restrict__ v_scale, const int* __restrict__ block_tables,               \
+          int bt_stride, const int* __restrict__ seq_lens, float* __restrict__ part_ml,          \
+          float* __restrict__ part_acc, int gqa, int block_shift, int part_size, int max_parts,  \
+          float scale_log2, long long kv_bstride, long long sc_bstride) {                        \
+    pthfa::decode_ws_impl<T, S, MODE>(q, k_cache, v_cache, k_scale, v_scale, block_tables, bt_stride, \
+                                seq_lens, part_ml, part_acc, gqa, block_shift, part_size,       \
+                                max_parts, scale_log2, kv_bstride, sc_bstride);                 \
+  }
+
 #define PTHFA_ALL_G(TN, T, D) \
   PTHFA_PART(TN, T, D, 1)     \
   PTHFA_PART(TN, T, D, 2)     \
@@ -1326,6 +1787,17 @@ PTHFA_WB(bf16, __nv_bfloat16, 128, 4, 8)
 PTHFA_WB(fp16, __half, 128, 4, 8)
 PTHFA_WB(bf16, __nv_bfloat16, 128, 5, 8)
 PTHFA_WB(fp16, __half, 128, 5, 8)
+
+// the split whole-block kernels: 8 KV heads, head_dim 128; 3 stages (2 CTAs per SM) or 6 (1);
+// ws6p with the L2 prefetch hint; wt6 with the bulk copy engine and a producer warp (sm_90)
+PTHFA_WS(bf16, __nv_bfloat16, ws3, 3, 0, 256, 2)
+PTHFA_WS(fp16, __half, ws3, 3, 0, 256, 2)
+PTHFA_WS(bf16, __nv_bfloat16, ws6, 6, 0, 256, 1)
+PTHFA_WS(fp16, __half, ws6, 6, 0, 256, 1)
+PTHFA_WS(bf16, __nv_bfloat16, ws6p, 6, 1, 256, 1)
+PTHFA_WS(fp16, __half, ws6p, 6, 1, 256, 1)
+PTHFA_WS(bf16, __nv_bfloat16, wt6, 6, 2, 288, 1)
+PTHFA_WS(fp16, __half, wt6, 6, 2, 288, 1)
 
 #ifdef PTHFA_PROBES
 // Measurement probes of cp3 (bf16, head_dim 128): see decode_cp_impl's P.

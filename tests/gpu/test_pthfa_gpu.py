@@ -244,6 +244,32 @@ def test_decode_uneven_partitions(part: int, monkeypatch: pytest.MonkeyPatch) ->
         pthfa.reload_env()
 
 
+@pytest.mark.parametrize("g,bs,name,part", [
+    (1, 16, "fp16", None), (2, 64, "bf16", None), (4, 16, "bf16", 16), (4, 32, "fp16", 64),
+    (8, 16, "bf16", 2048), (4, 256, "bf16", None)])
+def test_decode_eight_kv_heads(g: int, bs: int, name: str, part: int | None) -> None:
+    """8 KV heads of 128 dims, the shape the whole-block kernels (ws3, wb4, ...) are built for:
+    every GQA ratio, blocks of 16 to 256 tokens, one-step partitions, partitions that end
+    inside a block and sequences shorter than a step (so that the kernel forced by
+    $PTHFA_IMPL, or picked by the default dispatch, runs its edges)."""
+    RESULTS.append(_decode_case([0, 1, 15, 16, 17, 95, 97, 1000, 4111], 8, g, 128, bs, name,
+                                seed=900 + 10 * g + bs, part_size=part))
+
+
+def test_decode_default_whole_block_region() -> None:
+    """A batch in the region where the default dispatch takes the split whole-block kernel
+    (8 sequences, max_seq_len 16384: 2**17 tokens; wt6 on sm_90), ragged and with an empty
+    sequence; without $PTHFA_IMPL the plan must name that kernel."""
+    from pthfa import _knobs, _plan
+
+    lens = [16384, 0, 1, 17, 5000, 16000, 9999, 300]
+    if not _knobs.knobs().impl:
+        major = torch.cuda.get_device_capability()[0]
+        impl = _plan.plan(len(lens), 8, max(lens), 16, 4, 128, 132, major)[0]
+        assert impl == ("wt6" if major >= 9 else "cp3"), impl
+    RESULTS.append(_decode_case(lens, 8, 4, 128, 16, "bf16", seed=77))
+
+
 def test_decode_qwen3_8b_shape_and_empty_seq() -> None:
     lens = [8192, 0, 5, 4000, 7777, 1, 6000, 8191]
     RESULTS.append(_decode_case(lens, 8, 4, 128, 16, "bf16", seed=11))

@@ -13,24 +13,55 @@ from ._driver import FMT_CP, FMT_MMA, FMT_PART, FMT_REDUCE, FMT_WB, _ArgBlock, _
 from ._knobs import knobs
 from ._signature import _Signature
 
-IMPLS = ("simt", "mma1", "cp3", "cp4", "wb4", "wb5")
+IMPLS = ("simt", "mma1", "cp3", "cp4", "wb4", "wb5", "ws3", "ws6", "ws6p", "wt6")
+WHOLE = ("wb", "ws", "wt")  # the whole-block kernels: one CTA per (partition, sequence)
+SPLIT = ("ws", "wt")  # of them, the split ones (mbarrier-paced rings, many partitions)
 DEFAULT = "cp3"
+SPLIT_DEFAULT = "wt6"
+SPLIT_MIN_TOKENS = 1 << 17  # sequences x max_seq_len from which SPLIT_DEFAULT is taken
 
 
-def decode_impl(head_dim: int, part_size: int = 2048) -> str:
-    """The partition kernel: $PTHFA_IMPL if set (one of IMPLS), else the pipelined
-    tensor-core kernel cp3, which measured fastest on every benchmark shape on the H200
-    (2026-11-29) once its partition size is chosen by ``choose_part_size_cp``."""
+def split_default(num_seqs: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
+                  block_size: int, sm_major: int) -> bool:
+    """Whether the default dispatch takes SPLIT_DEFAULT (wt6) rather than cp3: on sm_90 and
+    later (the bulk copy engine), for the shape it is built for (8 KV heads of 128 dims,
+    blocks of 16 tokens or more), from 8 sequences of 2**17 tokens together, or 64 sequences
+    of any length. On the H200 (results/2026-12-01-split-whole-block.md) wt6 was faster than
+    cp3 on every benchmark shape of that region (8 x 32k, 16 x 8k and up, 64 x 1k) and
+    slower on every one outside it (1 x any, 8 x 1k-8k, 16 x 1k, 32 x 1k)."""
+    if sm_major < 9 or not V.wb_supported(num_kv_heads, head_dim, block_size):
+        return False
+    return num_seqs >= 64 or (num_seqs >= 8 and num_seqs * max_seq_len >= SPLIT_MIN_TOKENS)
+
+
+def decode_impl(num_seqs: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
+                block_size: int, sm_major: int) -> str:
+    """The partition kernel: $PTHFA_IMPL if set (one of IMPLS); else SPLIT_DEFAULT where
+    :func:`split_default` says so; else the pipelined tensor-core kernel cp3, its partition
+    size chosen by ``choose_part_size_cp``."""
     impl = knobs().impl
     if impl:
         if impl not in IMPLS:
             raise ValueError(f"PTHFA_IMPL must be one of {IMPLS}, got {impl!r}")
         return impl
+    if split_default(num_seqs, num_kv_heads, max_seq_len, head_dim, block_size, sm_major):
+        return SPLIT_DEFAULT
     return DEFAULT
 
 
 _PLANS: dict[tuple[Any, ...], tuple[str, int]] = {}
 _SMS: dict[int, int] = {}
+_CAPS: dict[int, int] = {}
+
+
+def _capability(device: int) -> int:
+    """The device's compute capability major (9 for sm_90)."""
+    c = _CAPS.get(device)
+    if c is None:
+        import torch
+
+        c = _CAPS[device] = int(torch.cuda.get_device_capability(device)[0])
+    return c
 
 
 def _num_sms(device: int) -> int:
@@ -43,28 +74,31 @@ def _num_sms(device: int) -> int:
 
 
 def cached_plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int,
-                gqa: int, head_dim: int, num_sms: int) -> tuple[str, int]:
+                gqa: int, head_dim: int, num_sms: int, sm_major: int = 9) -> tuple[str, int]:
     """:func:`plan`, remembered per arguments (the knobs it reads are fixed until
     :func:`reload_env`, which forgets these)."""
-    key = (num_seqs, num_kv_heads, max_seq_len, block_size, gqa, head_dim, num_sms)
+    key = (num_seqs, num_kv_heads, max_seq_len, block_size, gqa, head_dim, num_sms, sm_major)
     got = _PLANS.get(key)
     if got is None:
-        got = plan(num_seqs, num_kv_heads, max_seq_len, block_size, gqa, head_dim, num_sms)
+        got = plan(num_seqs, num_kv_heads, max_seq_len, block_size, gqa, head_dim, num_sms,
+                   sm_major)
         if len(_PLANS) < 4096:
             _PLANS[key] = got
     return got
 
 
 def plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int, gqa: int,
-         head_dim: int, num_sms: int) -> tuple[str, int]:
-    """(partition kernel, partition size) that ``decode`` uses when no part_size is given.
+         head_dim: int, num_sms: int, sm_major: int = 9) -> tuple[str, int]:
+    """(partition kernel, partition size) that ``decode`` uses when no part_size is given, on
+    a device of ``num_sms`` SMs and compute capability ``sm_major``.x.
 
+    ws/wt: ``choose_part_size_ws`` with their CTAs per SM; wb: ``choose_part_size_wb``;
     cp3/cp4: ``choose_part_size_cp`` with the CTAs per SM that their registers and shared
     memory allow; mma1: ``choose_part_size_mma``; simt: ``choose_part_size``.
     ``$PTHFA_PART_SIZE`` (a measurement knob) forces the partition size: any multiple of 16
     and of block_size, not only powers of two.
     """
-    impl = decode_impl(head_dim)
+    impl = decode_impl(num_seqs, num_kv_heads, max_seq_len, head_dim, block_size, sm_major)
     env_part = knobs().part_size
     if env_part:
         part = int(env_part)
@@ -72,9 +106,13 @@ def plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int, gq
             raise ValueError(f"PTHFA_PART_SIZE must be a multiple of 16 and of block_size "
                              f"{block_size}, got {part}")
         return impl, part
-    if impl.startswith("wb") and V.wb_supported(num_kv_heads, head_dim, block_size):
+    whole = impl.startswith(WHOLE) and V.wb_supported(num_kv_heads, head_dim, block_size)
+    if whole and impl.startswith(SPLIT):
+        part = V.choose_part_size_ws(num_seqs, max_seq_len, block_size, num_sms,
+                                     V.WS_PER_SM[int(impl[2])])
+    elif whole:
         part = V.choose_part_size_wb(num_seqs, max_seq_len, block_size, num_sms)
-    elif impl.startswith("cp") or impl.startswith("wb"):
+    elif impl.startswith(("cp",) + WHOLE):
         stages = int(impl[2:]) if impl.startswith("cp") else 3
         smem = V.smem_bytes_cp(2048, block_size, gqa, head_dim, stages)
         per_sm = max(1, min(3 if stages == 3 else 2, (228 << 10) // (smem + 1024)))
@@ -134,15 +172,22 @@ class _DecodePlan:
         self.empty = a.num_seqs == 0 or a.num_heads == 0
         if self.empty:
             return
+        # the capability matters only where a whole-block kernel could run
+        cap = (_capability(a.device)
+               if V.wb_supported(a.num_kv_heads, a.head_dim, a.block_size) else 0)
         if part_size is None:
             impl, part_size = cached_plan(a.num_seqs, a.num_kv_heads, max_seq_len,
-                                          a.block_size, a.gqa, a.head_dim, _num_sms(a.device))
+                                          a.block_size, a.gqa, a.head_dim, _num_sms(a.device),
+                                          cap)
         else:
             V.check_part_size(part_size, a.block_size, a.gqa, a.head_dim)
-            impl = decode_impl(a.head_dim, part_size)
-        if impl.startswith("wb") and not V.wb_supported(a.num_kv_heads, a.head_dim,
-                                                        a.block_size):
-            impl = DEFAULT  # the whole-block kernel is built for 8 KV heads of 128 dims
+            impl = decode_impl(a.num_seqs, a.num_kv_heads, max_seq_len, a.head_dim,
+                               a.block_size, cap)
+        if impl.startswith(WHOLE) and not V.wb_supported(a.num_kv_heads, a.head_dim,
+                                                          a.block_size):
+            impl = DEFAULT  # the whole-block kernels are built for 8 KV heads of 128 dims
+        if impl.startswith("wt") and _capability(a.device) < 9:
+            impl = "ws" + impl[2:]  # the bulk copy engine is sm_90's
         max_parts = max(1, math.ceil(max_seq_len / part_size))
         rows = a.num_seqs * a.num_heads * max_parts
         # the accumulators first, so both buffers start 256-byte aligned
@@ -153,15 +198,18 @@ class _DecodePlan:
         self.part_ints: tuple[Any, ...]
         self.grid = (max_parts, a.num_kv_heads, a.num_seqs)
         self.threads = V.THREADS
-        if impl.startswith("wb"):
+        if impl.startswith(WHOLE):
             name = f"pthfa_decode_{impl}_{a.dtype}_d{a.head_dim}_h{a.num_kv_heads}"
-            self.fmt = FMT_WB
+            self.fmt = FMT_WB  # ws and wt take wb's arguments
             self.grid = (max_parts, 1, a.num_seqs)
-            self.threads = 32 * a.num_kv_heads
+            # wt: a ninth warp, the producer
+            self.threads = 32 * a.num_kv_heads + (32 if impl.startswith("wt") else 0)
             self.part_ints = (a.gqa, block_shift, part_size, max_parts, scale_log2,
                               a.kv_bstride, a.sc_bstride)
-            self.smem = V.smem_bytes_wb(part_size, a.block_size, a.num_kv_heads, a.head_dim,
-                                        int(impl[2:]))
+            self.smem = (V.smem_bytes_ws(part_size, a.block_size, int(impl[2]))
+                         if impl.startswith(SPLIT) else
+                         V.smem_bytes_wb(part_size, a.block_size, a.num_kv_heads, a.head_dim,
+                                         int(impl[2:])))
         elif impl == "simt":
             name = f"pthfa_decode_part_{a.dtype}_d{a.head_dim}_g{a.gqa}"
             self.fmt = FMT_PART

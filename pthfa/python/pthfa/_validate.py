@@ -295,6 +295,28 @@ def choose_part_size_wb(num_seqs: int, max_seq_len: int, block_size: int,
     return p
 
 
+WS_STAGE = 2 * 16 * 8 * 128 + 2 * 16 * 8 * 4  # a 16-token step of 8 heads: K, V, scales
+WS_PER_SM = {3: 2, 6: 1}  # CTAs per SM of ws<stages> (shared memory, 256 threads' registers)
+WS_MAX_PART = 16384  # keeps ws3's block-table slice small enough for 2 CTAs per SM
+
+
+def smem_bytes_ws(part_size: int, block_size: int, stages: int) -> int:
+    """Dynamic shared memory of the split whole-block kernel ws<stages> (must match decode.cu's
+    WsLayout): 128 bytes of mbarriers, ``stages`` unpadded steps of 8 heads x 16 tokens (K,
+    V, then the scales), the block-table slice."""
+    bt_cap = ((part_size // block_size) + 3) & ~3
+    return 128 + stages * WS_STAGE + 4 * bt_cap
+
+
+def choose_part_size_ws(num_seqs: int, max_seq_len: int, block_size: int, num_sms: int,
+                        ctas_per_sm: int) -> int:
+    """For the split whole-block kernel: cp3's cost model (``choose_part_size_cp``) with one
+    CTA per (partition, sequence) for all 8 KV heads, ``ctas_per_sm`` resident, partitions
+    up to WS_MAX_PART tokens."""
+    return choose_part_size_cp(num_seqs, 1, max_seq_len, block_size, num_sms, ctas_per_sm,
+                               longest=WS_MAX_PART)
+
+
 def check_part_size(part_size: Any, block_size: int, gqa: int, head_dim: int) -> int:
     if not isinstance(part_size, int) or isinstance(part_size, bool):
         raise TypeError(f"part_size must be an int, got {type(part_size).__name__}")
@@ -335,9 +357,9 @@ def choose_part_size_mma(num_seqs: int, num_kv_heads: int, max_seq_len: int, blo
 
 
 def choose_part_size_cp(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_size: int,
-                        num_sms: int, ctas_per_sm: int = 3) -> int:
+                        num_sms: int, ctas_per_sm: int = 3, longest: int = 8192) -> int:
     """For the pipelined tensor-core kernel (cp3): the power of two, max(32, block_size) up to
-    8192 tokens, that minimizes a cost model fitted to the H200 sweep of 2026-11-29
+    ``longest`` (8192) tokens, that minimizes a cost model fitted to the H200 sweep of 2026-11-29
     (results/bench_run3_sweep.md; each of the 9 benchmark shapes gets its measured best or
     within 1.5% of it, confirmed in results/bench.md):
 
@@ -350,7 +372,7 @@ def choose_part_size_cp(num_seqs: int, num_kv_heads: int, max_seq_len: int, bloc
     Ties go to the longer partition.
     """
     lo = max(32, block_size)
-    cands = [p for p in (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192) if p >= lo] or [lo]
+    cands = [1 << k for k in range(5, 31) if lo <= 1 << k <= longest] or [lo]
     if max_seq_len <= 0:
         return cands[0]
     # no longer than needed for one partition per sequence
