@@ -37,10 +37,14 @@ def module_constants(tree: Path) -> dict[str, Any]:
     """The module's top-level ``NAME = <literal>`` assignments."""
     out: dict[str, Any] = {}
     for node in ast.parse((tree / INT4).read_text()).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
-                and isinstance(node.targets[0], ast.Name):
+        target = value = None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        if isinstance(target, ast.Name) and value is not None:
             try:
-                out[node.targets[0].id] = ast.literal_eval(node.value)
+                out[target.id] = ast.literal_eval(value)
             except ValueError:
                 pass
     return out
@@ -51,7 +55,6 @@ def refusals_fn(tree: Path) -> Any:
     path = tree / INT4
     ns: dict[str, Any] = dict(module_constants(tree))
     ns["logger"] = logging.getLogger("int4_per_token_head")
-    ns["_MQ3D_BREACH"] = None
     for name in sorted(module_functions(tree) & {"_record_mq3d_breach",
                                                  "mq3d_breach_state"}):
         ns[name] = exec_function(path, name, ns)
