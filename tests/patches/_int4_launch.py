@@ -5,8 +5,8 @@ the segment count) for a batch, without a GPU. Shared by the int4 mq3d rows' tes
 from __future__ import annotations
 
 import ast
+import contextlib
 import logging
-import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -43,10 +43,8 @@ def module_constants(tree: Path) -> dict[str, Any]:
         elif isinstance(node, ast.AnnAssign):
             target, value = node.target, node.value
         if isinstance(target, ast.Name) and value is not None:
-            try:
+            with contextlib.suppress(ValueError):
                 out[target.id] = ast.literal_eval(value)
-            except ValueError:
-                pass
     return out
 
 
