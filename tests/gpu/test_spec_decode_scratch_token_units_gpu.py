@@ -6,7 +6,8 @@ scratch handed to ``unified_attention`` for an int4 verify batch of 9 query toke
 
 Checks: the builder's ``torch.cuda.memory_allocated`` delta is rows x row bytes (rows = the
 token capacity, 128 here); the q = 9 batch takes the 3D path (the scratch, NaN-poisoned, is
-written) and matches the 2D path within 1e-3 x max |out|. On the tree cut before the patch the
+written) and matches the 2D path to the bf16 output's rounding (max |3D - 2D| <= 2^-7 x
+max |out|; see test_spec_decode_int4_kv_mq3d_gpu.py). On the tree cut before the patch the
 scratch has 8 rows (sequences) and the batch stays on 2D.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ._common import record, require_cuda
+from .vllm_tree import record, require_cuda
 
 pytestmark = pytest.mark.gpu
 torch = require_cuda()
@@ -91,4 +92,4 @@ def test_builder_bytes_and_q9_takes_3d(mods: Any, monkeypatch: Any) -> None:
         f"3D taken: {taken}; max |3D - 2D| {diff:.2e} (max |out| "
         f"{float(out2.float().abs().max()):.3f})."])
     assert taken, "the q = 9 batch stayed on 2D"
-    assert diff <= 1e-3 * float(out2.float().abs().max())
+    assert diff <= 2 ** -7 * float(out2.float().abs().max())

@@ -17,12 +17,11 @@ from typing import Any
 
 import pytest
 
-from ._common import record, require_cuda
+from .vllm_tree import record, require_cuda
 
 pytestmark = pytest.mark.gpu
 torch = require_cuda()
 
-from tests.gpu import _vllm  # noqa: E402
 from tests.patches import _triton_builder as tb  # noqa: E402
 from tests.patches._helpers import load_with_auto_stubs, make_module  # noqa: E402
 
@@ -39,7 +38,7 @@ def _mem_utils(tree: Any) -> Any:
         "vllm.utils.mem_constants": make_module("vllm.utils.mem_constants", GiB_bytes=1 << 30,
                                                 KiB_bytes=1 << 10, MiB_bytes=MIB),
     }, package="vllm.utils")
-    mod.__dict__["torch"] = _vllm.accelerator_torch()
+    mod.__dict__["torch"] = vllm_tree.accelerator_torch()
     return mod
 
 
