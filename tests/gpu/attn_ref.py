@@ -132,3 +132,14 @@ def int4_cache(i4: Any, b: PagedBatch) -> Any:
         i4.reshape_and_cache_int4(src_k, src_v, key, value, slots,
                                   k_scale_cache=ks, v_scale_cache=vs)
     return key, value, ks, vs
+
+
+def bf16_agree(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest per-(token, head) row ||a - b|| / ||b||, asserted <= 2^-6: two bf16 outputs
+    of one computation summed in another order and rounded twice (the int4 paths' kernel
+    output, then the inverse rotation) agree to 2^-7 of the row norm."""
+    num = (a.float() - b.float()).norm(dim=-1)
+    den = b.float().norm(dim=-1).clamp_min(1e-6)
+    worst = float((num / den).max())
+    assert worst <= 2 ** -6, worst
+    return worst

@@ -4,11 +4,13 @@ through ``unified_attention`` with ``VLLM_INT4_MQ_3D`` on and the 3D scratch han
 in tokens, NaN-poisoned), against the same batch on the 2D path (knob off).
 
 Checks: the 3D path was taken (the scratch was written) and 3D agrees with 2D to the bf16
-output's rounding: max |3D - 2D| <= 2^-7 x max |out| (two bf16 steps at the top of the range)
-and rel <= 2^-8. The series spec's 1e-3 x max |out| is below that step: the H200 run of
-2026-12-01 measured 2.3e-3 to 7.9e-3 x max |out|, one or two bf16 steps, the two paths summing
-in another order in fp32 and the int4 wrapper rounding twice (kernel output, inverse
-rotation). Both against fp32 attention on the bf16 sources within int4's own error (rel <= 0.2,
+output's rounding (``bf16_agree``): per (token, head) row, ||3D - 2D|| <= 2^-6 x ||2D||. The
+int4 wrapper rounds twice, the kernel's output to bf16 (under one step per element; the
+orthonormal inverse rotation keeps the row norm of that difference) and the rotated result
+(one more step), so two bf16 steps, 2^-7 of the row norm, bound an exact pair; 2^-6 leaves
+room for the fp32 sums in another order, and a wrong 3D path misses it by orders of
+magnitude. The series spec's 1e-3 x max |out| is below bf16's step: the H200 run of
+2026-12-01 measured max |3D - 2D| of 2.3e-3 to 7.9e-3 x max |out|. Both against fp32 attention on the bf16 sources within int4's own error (rel <= 0.2,
 3D no worse than 2D by more than 1e-3). A padded zero-length row over NaN scratch is exactly 0
 and no output is NaN, in a 3D verify batch and in a 3D decode batch (which 0.32.0 already ran
 on 3D: there the row reduced unwritten scratch). 3D vs 2D time at kv 128k, q 8. On the tree
@@ -30,7 +32,7 @@ torch = require_cuda()
 import triton.testing  # noqa: E402
 
 from . import vllm_tree  # noqa: E402
-from .attn_ref import int4_cache, make_batch, reference, rel  # noqa: E402
+from .attn_ref import bf16_agree, int4_cache, make_batch, reference, rel  # noqa: E402
 
 DEV = "cuda"
 LINES: list[str] = []
@@ -95,13 +97,12 @@ def test_3d_matches_2d(mods: Any, case: Any, monkeypatch: Any) -> None:
     assert not out3.isnan().any() and not out2.isnan().any()
     diff = float((out3.float() - out2.float()).abs().max())
     scale = float(out2.float().abs().max())
-    r32 = rel(out3, out2)
-    assert diff <= 2 ** -7 * scale and r32 <= 2 ** -8, (diff, scale, r32)
+    r32 = bf16_agree(out3, out2)
     ref = reference(b, d ** -0.5)
     r2, r3 = rel(out2, ref), rel(out3, ref)
     assert r3 <= 0.2 and r3 <= r2 + 1e-3, (r3, r2)
     LINES.append(f"| {q_lens} | {kv_lens} | {hq}/{hkv}/{d} | {diff:.2e} ({diff / scale:.1e} "
-                 f"of max; rel {r32:.1e}) | {r3:.4f} | {r2:.4f} |")
+                 f"of max; worst row {r32:.1e} of its norm) | {r3:.4f} | {r2:.4f} |")
 
 
 def test_zero_length_row_in_3d(mods: Any, monkeypatch: Any) -> None:

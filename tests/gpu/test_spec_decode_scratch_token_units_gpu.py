@@ -6,8 +6,8 @@ scratch handed to ``unified_attention`` for an int4 verify batch of 9 query toke
 
 Checks: the builder's ``torch.cuda.memory_allocated`` delta is rows x row bytes (rows = the
 token capacity, 128 here); the q = 9 batch takes the 3D path (the scratch, NaN-poisoned, is
-written) and matches the 2D path to the bf16 output's rounding (max |3D - 2D| <= 2^-7 x
-max |out|; see test_spec_decode_int4_kv_mq3d_gpu.py). On the tree cut before the patch the
+written) and matches the 2D path to the bf16 output's rounding (per row ||3D - 2D|| <= 2^-6
+x ||2D||; see test_spec_decode_int4_kv_mq3d_gpu.py). On the tree cut before the patch the
 scratch has 8 rows (sequences) and the batch stays on 2D.
 """
 
@@ -25,7 +25,7 @@ torch = require_cuda()
 from tests.patches import _triton_builder as tb  # noqa: E402
 
 from . import vllm_tree  # noqa: E402
-from .attn_ref import int4_cache, make_batch  # noqa: E402
+from .attn_ref import bf16_agree, int4_cache, make_batch  # noqa: E402
 
 DEV = "cuda"
 HQ, HKV, D = 16, 4, 128
@@ -92,4 +92,4 @@ def test_builder_bytes_and_q9_takes_3d(mods: Any, monkeypatch: Any) -> None:
         f"3D taken: {taken}; max |3D - 2D| {diff:.2e} (max |out| "
         f"{float(out2.float().abs().max()):.3f})."])
     assert taken, "the q = 9 batch stayed on 2D"
-    assert diff <= 2 ** -7 * float(out2.float().abs().max())
+    bf16_agree(out3, out2)
