@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ._helpers import assert_pristine_lacks
+from ._helpers import assert_pristine_lacks, envs_stubs_active, load_envs
 from ._int4_launch import module_functions, refusals_fn, run_launcher
 
 pytestmark = pytest.mark.e2e
@@ -68,3 +68,33 @@ def test_patched_launcher_takes_3d_for_verify(patched_vllm: Path) -> None:
 def test_pristine_refuses_3d_for_multi_query(pristine_vllm: Path) -> None:
     assert "packed_attn_3d_refusals" not in module_functions(pristine_vllm)
     assert_pristine_lacks(lambda: _check_launch(pristine_vllm))
+
+
+def _check_debug_runtime_only(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    envs = load_envs(tree)
+    for name in ("VLLM_INT4_MQ_3D", "VLLM_INT4_MQ_3D_DEBUG"):
+        monkeypatch.delenv(name, raising=False)
+    with envs_stubs_active(envs):
+        base = envs.compile_factors()
+        monkeypatch.setenv("VLLM_INT4_MQ_3D_DEBUG", "1")
+        assert envs.compile_factors() == base, "the decision log changes the compile key"
+        monkeypatch.delenv("VLLM_INT4_MQ_3D_DEBUG")
+        # the path switch selects kernels: it stays in the key
+        monkeypatch.setenv("VLLM_INT4_MQ_3D", "1")
+        assert envs.compile_factors() != base
+        monkeypatch.delenv("VLLM_INT4_MQ_3D")
+
+
+def test_patched_debug_knob_runtime_only(patched_vllm: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    _check_debug_runtime_only(patched_vllm, monkeypatch)
+
+
+def test_pristine_series_keys_the_debug_knob(pristine_vllm: Path,
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             tmp_path: Path) -> None:
+    """The series cut before this patch registers the knob (speed-knobs-envs) in the key."""
+    from ._helpers import tree_before
+
+    before = tree_before(pristine_vllm, tmp_path, "spec-decode-int4-kv-mq3d")
+    assert_pristine_lacks(lambda: _check_debug_runtime_only(before, monkeypatch))
