@@ -104,3 +104,42 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max())
+
+
+def int4_cache(i4: Any, b: PagedBatch) -> Any:
+    """Write the batch's bf16 K/V with vLLM's reshape_and_cache_int4 (``i4``: the tree's
+    int4_per_token_head module) into 0.32.0's INT4_PER_TOKEN_HEAD layout: raw
+    ``[blocks, Hkv, page, 2(D/2 + 4)]`` uint8, K/V views by transpose/split, fp32 scale views
+    by ``as_strided`` as ``_ensure_scale_caches`` builds them."""
+    dev = b.q.device
+    nb, page, hkv, d = b.key_cache.shape
+    half = d // 2 + 4
+    raw = torch.zeros((nb, hkv, page, 2 * half), dtype=torch.uint8, device=dev)
+    key, value = raw.transpose(1, 2).split(half, dim=-1)  # type: ignore[no-untyped-call,unused-ignore]
+    f32 = torch.tensor([], dtype=torch.float32, device=dev).set_(raw.untyped_storage())
+    st = raw.stride()
+    view = dict(size=(nb, page, hkv), stride=(st[0] // 4, st[2] // 4, st[1] // 4))
+    ks = torch.as_strided(f32, storage_offset=(d // 2) // 4, **view)
+    vs = torch.as_strided(f32, storage_offset=(half + d // 2) // 4, **view)
+    ks.fill_(1.0)
+    vs.fill_(1.0)
+    for r, n in enumerate(b.kv_lens):
+        pos = torch.arange(n, device=dev)
+        blk = b.block_table[r].long()[pos // page]
+        slots = blk * page + pos % page
+        src_k = b.key_cache[blk, pos % page].contiguous()
+        src_v = b.value_cache[blk, pos % page].contiguous()
+        i4.reshape_and_cache_int4(src_k, src_v, key, value, slots,
+                                  k_scale_cache=ks, v_scale_cache=vs)
+    return key, value, ks, vs
+
+
+def bf16_agree(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest per-(token, head) row ||a - b|| / ||b||, asserted <= 2^-6: two bf16 outputs
+    of one computation summed in another order and rounded twice (the int4 paths' kernel
+    output, then the inverse rotation) agree to 2^-7 of the row norm."""
+    num = (a.float() - b.float()).norm(dim=-1)
+    den = b.float().norm(dim=-1).clamp_min(1e-6)
+    worst = float((num / den).max())
+    assert worst <= 2 ** -6, worst
+    return worst

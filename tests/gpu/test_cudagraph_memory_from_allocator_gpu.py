@@ -14,18 +14,18 @@ from typing import Any
 
 import pytest
 
-from tests.gpu import _vllm
+from tests.gpu import vllm_tree
 from tests.patches import _cudagraph_memory as cg
 
 pytestmark = pytest.mark.gpu
-_vllm.require_cuda()
+vllm_tree.require_cuda()
 
 import torch  # noqa: E402
 
 try:
     import cupy
 except ImportError:
-    _vllm.missing("CuPy is not installed: the foreign cudaMalloc needs it")
+    vllm_tree.missing("CuPy is not installed: the foreign cudaMalloc needs it")
 
 MIB = 1 << 20
 FOREIGN = 1 << 30
@@ -72,21 +72,21 @@ def _check_capture_model(tree: Path) -> None:
         foreign.alloc()
 
     try:
-        size, log = cg.capture_model(tree, _vllm.accelerator_torch(), capture)
+        size, log = cg.capture_model(tree, vllm_tree.accelerator_torch(), capture)
         graphs = torch.cuda.memory_reserved() - reserved0
     finally:
         foreign.free()
         keep.clear()
         torch.cuda.empty_cache()
     (line,) = [entry for entry in log.lines if "Graph capturing finished" in entry[0]]
-    _vllm.record(f"  {tree.parent.name}: capture_model returned {size / MIB:.0f} MiB; "
+    vllm_tree.record_line(f"  {tree.parent.name}: capture_model returned {size / MIB:.0f} MiB; "
                  f"reserved growth {graphs / MIB:.0f} MiB; log args {line[1:]}")
     assert size == graphs, f"returned {size / MIB:.0f} MiB for {graphs / MIB:.0f} MiB of graphs"
 
 
 def test_capture_model_ignores_foreign_allocations() -> None:
-    _vllm.record("cudagraph-memory-from-allocator capture_model (toy graph + 1 GiB cudaMalloc):")
-    _vllm.fails_on_pristine(_check_capture_model)
+    vllm_tree.record_line("cudagraph-memory-from-allocator capture_model (toy graph + 1 GiB cudaMalloc):")
+    vllm_tree.fails_on_pristine(_check_capture_model)
 
 
 SIZES = {8: 40, 16: 56, 32: 90}  # MiB each graph's body allocates
@@ -105,18 +105,18 @@ def _check_samples(tree: Path) -> None:
             keep.append(out)
 
     try:
-        samples = cg.manager_capture(tree, _vllm.accelerator_torch(),
+        samples = cg.manager_capture(tree, vllm_tree.accelerator_torch(),
                                      [cg.Desc(n) for n in SIZES], forward, foreign.alloc)
     finally:
         foreign.free()
         keep.clear()
         torch.cuda.empty_cache()
-    _vllm.record(f"  {tree.parent.name}: FULL-graph samples {[s / MIB for s in samples]} MiB "
+    vllm_tree.record_line(f"  {tree.parent.name}: FULL-graph samples {[s / MIB for s in samples]} MiB "
                  f"for bodies of {list(SIZES.values())} MiB")
     for sample, mib in zip(samples, SIZES.values(), strict=True):
         assert mib * MIB <= sample < (mib + 32) * MIB, (sample / MIB, mib)
 
 
 def test_profiling_samples_ignore_foreign_allocations() -> None:
-    _vllm.record("cudagraph-memory-from-allocator samples (3 real captures, 1 GiB foreign each):")
-    _vllm.fails_on_pristine(_check_samples)
+    vllm_tree.record_line("cudagraph-memory-from-allocator samples (3 real captures, 1 GiB foreign each):")
+    vllm_tree.fails_on_pristine(_check_samples)

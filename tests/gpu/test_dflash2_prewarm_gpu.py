@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.gpu import _vllm
+from tests.gpu import vllm_tree
 from tests.patches._helpers import load_with_auto_stubs, make_module
 
 pytestmark = pytest.mark.gpu
-_vllm.require_cuda()
+vllm_tree.require_cuda()
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -139,19 +139,19 @@ def _check_no_compile(tree: Path) -> None:
             os.environ.pop("TRITON_CACHE_DIR", None)
         else:
             os.environ["TRITON_CACHE_DIR"] = saved
-    _vllm.record(f"  {tree.parent.name}: first (decode) call {first:.2f} s compiling {kernels} "
+    vllm_tree.record_line(f"  {tree.parent.name}: first (decode) call {first:.2f} s compiling {kernels} "
                  f"variant(s); long call {long_call * 1e3:.1f} ms, {new_kernels} new variant(s), "
                  f"{new_files} new cache file(s)")
     assert new_kernels == 0, f"{new_kernels} compile(s) in the long call"
 
 
 def test_no_compile_after_prewarm() -> None:
-    _vllm.record("dflash2-prewarm (real kernel, fresh Triton cache):")
-    _vllm.fails_on_pristine(_check_no_compile)
+    vllm_tree.record_line("dflash2-prewarm (real kernel, fresh Triton cache):")
+    vllm_tree.fails_on_pristine(_check_no_compile)
 
 
 def test_prewarm_outputs_are_the_real_launchs() -> None:
-    _, patched = _vllm.trees()
+    _, patched = vllm_tree.trees()
     mod = _load(patched)
     warm = _Inputs([2048, NQ], seed=2)
     warm.run(mod)  # first call of the key: the rungs 8..128, then the real 256 launch
@@ -161,5 +161,5 @@ def test_prewarm_outputs_are_the_real_launchs() -> None:
     for name, tensor in warm.outputs().items():
         assert torch.equal(tensor, real.outputs()[name]), name
     assert int((warm.buffers.input_ids != SENTINEL).sum()) == 2 * NQ
-    _vllm.record("dflash2-prewarm: prewarm + real launch outputs equal a real-only launch "
+    vllm_tree.record_line("dflash2-prewarm: prewarm + real launch outputs equal a real-only launch "
                  "bit for bit (12 output tensors, 2 requests, query lengths 2048 and 4)")

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.gpu import _vllm
+from tests.gpu import vllm_tree
 from tests.patches import test_gdn_ba_pad_small_m as cpu
 from tests.patches._helpers import exec_function
 
 pytestmark = pytest.mark.gpu
-_vllm.require_cuda()
+vllm_tree.require_cuda()
 
 import torch  # noqa: E402
 import triton.testing  # noqa: E402
@@ -43,19 +43,19 @@ def _check(tree: Path) -> None:
         op_us = triton.testing.do_bench(lambda x=x: op(x, w, rows)) * 1e3
         line.append(f"M={m}: stock {stock_us:.2f} us, padded op {op_us:.2f} us, "
                     f"max|diff| {float(diff):.3g}")
-    _vllm.record("  " + "; ".join(line))
+    vllm_tree.record_line("  " + "; ".join(line))
 
 
 def test_padded_matches_stock_and_timing() -> None:
-    _vllm.record("gdn-ba-pad-small-m (op forced on the H200; bf16 [M,5120]x[5120,96]):")
-    _vllm.fails_on_pristine(_check)
+    vllm_tree.record_line("gdn-ba-pad-small-m (op forced on the H200; bf16 [M,5120]x[5120,96]):")
+    vllm_tree.fails_on_pristine(_check)
 
 
 def test_gate_is_off_on_this_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    _, patched = _vllm.trees()
+    _, patched = vllm_tree.trees()
     cap = torch.cuda.get_device_capability()
     rows = cpu._gate(patched, capability=cap, monkeypatch=monkeypatch)
-    _vllm.record(f"gdn-ba-pad-small-m gate on sm{cap[0]}{cap[1]}: pad_rows={rows}")
+    vllm_tree.record_line(f"gdn-ba-pad-small-m gate on sm{cap[0]}{cap[1]}: pad_rows={rows}")
     if cap in ((8, 6), (8, 9), (12, 0)):
         assert rows == 5
     else:

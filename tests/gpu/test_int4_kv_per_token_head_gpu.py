@@ -24,13 +24,13 @@ from typing import Any
 
 import pytest
 
-from ._common import record, require_cuda
+from .vllm_tree import record, require_cuda
 
 pytestmark = pytest.mark.gpu
 torch = require_cuda()
 
 from . import vllm_tree  # noqa: E402
-from .attn_ref import make_batch, max_err, rel  # noqa: E402
+from .attn_ref import int4_cache, make_batch, max_err, rel  # noqa: E402
 
 DEV = "cuda"
 LINES: list[str] = []
@@ -47,30 +47,6 @@ def _load() -> Any:
 def mods() -> Any:
     vllm_tree.install()
     return _load()
-
-
-def int4_cache(i4: Any, b: Any) -> Any:
-    """Write the batch's bf16 K/V with reshape_and_cache_int4 into 0.32.0's layout."""
-    nb, page, hkv, d = b.key_cache.shape
-    half = d // 2 + 4
-    raw = torch.zeros((nb, hkv, page, 2 * half), dtype=torch.uint8, device=DEV)
-    key, value = raw.transpose(1, 2).split(half, dim=-1)
-    f32 = torch.tensor([], dtype=torch.float32, device=DEV).set_(raw.untyped_storage())
-    st = raw.stride()
-    view = dict(size=(nb, page, hkv), stride=(st[0] // 4, st[2] // 4, st[1] // 4))
-    ks = torch.as_strided(f32, storage_offset=(d // 2) // 4, **view)
-    vs = torch.as_strided(f32, storage_offset=(half + d // 2) // 4, **view)
-    ks.fill_(1.0)
-    vs.fill_(1.0)
-    for r, n in enumerate(b.kv_lens):
-        pos = torch.arange(n, device=DEV)
-        blk = b.block_table[r].long()[pos // page]
-        slots = blk * page + pos % page
-        src_k = b.key_cache[blk, pos % page].contiguous()
-        src_v = b.value_cache[blk, pos % page].contiguous()
-        i4.reshape_and_cache_int4(src_k, src_v, key, value, slots,
-                                  k_scale_cache=ks, v_scale_cache=vs)
-    return key, value, ks, vs
 
 
 def _attn(ua: Any, mode: Any, b: Any, causal: Any, window: Any=(-1, -1), int4: Any=None) -> Any:

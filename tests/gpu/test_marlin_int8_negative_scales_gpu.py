@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.gpu import _vllm
+from tests.gpu import vllm_tree
 from tests.patches import test_marlin_int8_negative_scales as cpu
 
 pytestmark = pytest.mark.gpu
-_vllm.require_cuda()
+vllm_tree.require_cuda()
 
 import torch  # noqa: E402
 import triton.testing  # noqa: E402
@@ -35,11 +35,11 @@ def _check(tree: Path) -> None:
     assert torch.equal(signed, signed & 0xFFFF)
     q_dev, s_dev = packed.cuda(), scales.cuda()
     ms = triton.testing.do_bench(lambda: u[cpu.FOLD](q_dev, s_dev, G))
-    _vllm.record(f"  {tree.parent.name}: fold of a {K}x{N} layer (group {G}, "
+    vllm_tree.record_line(f"  {tree.parent.name}: fold of a {K}x{N} layer (group {G}, "
                  f"{int((scales < 0).sum())} of {scales.numel()} scales negative) on CUDA: "
                  f"{ms:.2f} ms; equals the CPU fold bit for bit")
 
 
 def test_fold_on_cuda_equals_cpu() -> None:
-    _vllm.record("marlin-int8-negative-scales (real helper on CUDA):")
-    _vllm.fails_on_pristine(_check)
+    vllm_tree.record_line("marlin-int8-negative-scales (real helper on CUDA):")
+    vllm_tree.fails_on_pristine(_check)

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from tests.gpu import _vllm
+from tests.gpu import vllm_tree
 from tests.patches import test_marlin_int8_negative_scales as neg
 from tests.patches._helpers import exec_function, load_envs, load_module
 
 pytestmark = pytest.mark.gpu
-_vllm.require_cuda()
+vllm_tree.require_cuda()
 
 import torch  # noqa: E402
 
@@ -86,12 +86,12 @@ def _simulated_load(tree: Path, staged: bool, monkeypatch: Any) -> tuple[int, in
 def _check(tree: Path, monkeypatch: Any) -> None:
     off, _ = _simulated_load(tree, False, monkeypatch)
     on, resident = _simulated_load(tree, True, monkeypatch)
-    _vllm.record(f"  {tree.parent.name}: load peak above the weights: staged {on / MIB:.0f} MiB "
+    vllm_tree.record_line(f"  {tree.parent.name}: load peak above the weights: staged {on / MIB:.0f} MiB "
                  f"vs stock {off / MIB:.0f} MiB; staging buffer {resident / MIB:.0f} MiB")
     assert on < off, f"staged peak {on / MIB:.0f} MiB, stock {off / MIB:.0f} MiB"
 
 
 def test_staging_lowers_the_load_peak(monkeypatch: pytest.MonkeyPatch) -> None:
-    _vllm.record("marlin-repack-staged-sm80 (real process_weights_after_loading, repack = copy; "
+    vllm_tree.record_line("marlin-repack-staged-sm80 (real process_weights_after_loading, repack = copy; "
                  f"layers (K, N) {LADDER}):")
-    _vllm.fails_on_pristine(lambda tree: _check(tree, monkeypatch))
+    vllm_tree.fails_on_pristine(lambda tree: _check(tree, monkeypatch))

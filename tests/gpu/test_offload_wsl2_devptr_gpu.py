@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.gpu import _vllm
+from tests.gpu import vllm_tree
 from tests.patches import _offload_devptr as od
 from tests.patches._helpers import exec_function, load_with_auto_stubs, make_module
 
 pytestmark = pytest.mark.gpu
-_vllm.require_cuda()
+vllm_tree.require_cuda()
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -94,12 +94,12 @@ def _check(tree: Path) -> None:
         for address in region.pinned_addresses:
             reg.host_unregister(address)
         del base
-    _vllm.record(f"  {tree.parent.name}: 64 MiB mmap in 4 registered chunks, device address "
+    vllm_tree.record_line(f"  {tree.parent.name}: 64 MiB mmap in 4 registered chunks, device address "
                  f"offset {region.device_ptr_delta} for all; 32 blocks copied by the Triton "
                  "swap kernel through the offset descriptors arrive intact")
 
 
 def test_registered_mmap_offset_and_swap() -> None:
     logging.getLogger("host_register").setLevel(logging.ERROR)
-    _vllm.record("offload-wsl2-devptr (real cudart, real pin_mmap_region, Triton swap):")
-    _vllm.fails_on_pristine(_check)
+    vllm_tree.record_line("offload-wsl2-devptr (real cudart, real pin_mmap_region, Triton swap):")
+    vllm_tree.fails_on_pristine(_check)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,16 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.find_spec("pthfa")
 if _spec is None or _spec.origin is None:
     sys.path.insert(0, str(ROOT / "pthfa" / "python"))
-# Under `nox -s gpu_tests` (QWEN38_GPU_REQUIRED=1) a missing stack fails: there, a skip
-# would be a pass that tested nothing.
-REQUIRED = os.environ.get("QWEN38_GPU_REQUIRED") == "1"
-
-
-def _missing(reason: str) -> None:
-    if REQUIRED:
-        pytest.fail(f"{reason} (QWEN38_GPU_REQUIRED is set)", pytrace=False)
-    pytest.skip(reason, allow_module_level=True)
-
+# The GPU tests' skip rule (tests/gpu/vllm_tree.py): under `nox -s gpu_tests`
+# (QWEN38_GPU_REQUIRED=1) a missing stack fails.
+from tests.gpu.vllm_tree import missing as _missing  # noqa: E402
 
 try:
     import torch

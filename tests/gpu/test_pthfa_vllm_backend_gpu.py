@@ -14,20 +14,19 @@ Each case checks the backend's output against float64 attention over the dequant
 (prefill rows with context, chunked), and a decode batch captured in a CUDA graph and
 replayed after its contexts, block tables and queries changed in place.
 
-Tree: ``$QWEN38_VLLM_TREE`` (a folder holding ``vllm/`` or a zip of its ``.py`` files); else
-the engine's build of the recipe's series, extracted (a machine with the store).
+Tree and loading: harness H of ``tests/gpu/vllm_tree.py`` (``$QWEN38_VLLM_TREE``, a folder
+holding ``vllm/`` or a zip of its ``.py`` files; else the engine's build of the recipe's
+series, extracted), with the real ``kv_cache_interface`` and attention backend modules.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import logging
 import math
 import os
 import sys
 import types
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -39,101 +38,18 @@ ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.find_spec("pthfa")
 if _spec is None or _spec.origin is None:
     sys.path.insert(0, str(ROOT / "pthfa" / "python"))
-REQUIRED = os.environ.get("QWEN38_GPU_REQUIRED") == "1"
-TREE_ENV = "QWEN38_VLLM_TREE"
 
 
-def _missing(reason: str) -> None:
-    if REQUIRED:
-        pytest.fail(f"{reason} (QWEN38_GPU_REQUIRED is set)", pytrace=False)
-    pytest.skip(reason, allow_module_level=True)
+from tests.gpu import vllm_tree  # noqa: E402
 
-
-try:
-    import torch
-except ImportError:
-    _missing("torch is not installed: no GPU tests")
-if not torch.cuda.is_available():
-    _missing("no CUDA GPU visible to torch")
+torch = vllm_tree.require_cuda()
 try:
     import cupy  # noqa: F401
 except ImportError:
-    _missing("CuPy is not installed: the pthfa launcher needs it")
+    vllm_tree.missing("CuPy is not installed: the pthfa launcher needs it")
 
 DEV = "cuda"
 H, HQ, D = 8, 32, 128
-
-
-def _extract(archive: Path, dest: Path) -> Path:
-    if not (dest / "vllm").is_dir():
-        with zipfile.ZipFile(archive) as zf:
-            zf.extractall(dest, [n for n in zf.namelist()
-                                 if n.startswith("vllm/") and n.endswith(".py")])
-    return dest
-
-
-def _tree() -> Path:
-    cache = Path("/tmp/qwen38-pthfa-vllm-tree")
-    given = os.environ.get(TREE_ENV)
-    if given:
-        path = Path(given)
-        return _extract(path, cache / path.stem) if path.is_file() else path
-    sys.path.insert(0, str(ROOT))
-    from tests.patches.conftest import built_wheels
-
-    wheel, _pristine, _members = built_wheels()
-    return _extract(wheel, cache / wheel.parent.name)
-
-
-class _Platform:
-    device_type = "cuda"
-    device_name = "cuda"
-
-    def is_cuda(self) -> bool:
-        return True
-
-    def is_cuda_alike(self) -> bool:
-        return True
-
-    def is_rocm(self) -> bool:
-        return False
-
-    def is_xpu(self) -> bool:
-        return False
-
-    def is_cpu(self) -> bool:
-        return False
-
-    def fp8_dtype(self) -> Any:
-        return torch.float8_e4m3fn
-
-    def get_device_capability(self, device_id: int = 0) -> Any:
-        major, minor = torch.cuda.get_device_capability(device_id)
-        return types.SimpleNamespace(major=major, minor=minor, to_int=lambda: 10 * major + minor)
-
-    def is_device_capability(self, cap: Any) -> bool:
-        c = self.get_device_capability()
-        return bool(10 * c.major + c.minor == (cap if isinstance(cap, int)
-                                               else 10 * cap[0] + cap[1]))
-
-    def is_device_capability_family(self, cap: int) -> bool:
-        return bool(self.get_device_capability().major * 10 == cap)
-
-    def has_device_capability(self, cap: Any) -> bool:
-        c = self.get_device_capability()
-        return bool(10 * c.major + c.minor >= (cap if isinstance(cap, int)
-                                               else 10 * cap[0] + cap[1]))
-
-    def num_compute_units(self, device_id: int = 0) -> int:
-        return int(torch.cuda.get_device_properties(device_id).multi_processor_count)
-
-
-class _Envs(types.ModuleType):
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raw = os.environ.get(name)
-        return raw not in (None, "", "0", "false", "False")
 
 
 def _module(name: str, path: Path | None = None, **attrs: Any) -> types.ModuleType:
@@ -156,20 +72,10 @@ class _Placeholder:
 
 @pytest.fixture(scope="module")
 def vllm() -> types.SimpleNamespace:
-    tree = _tree()
-    pkg = tree / "vllm"
-    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
-        del sys.modules[name]
-    for sub in ("", "v1", "v1/attention", "v1/attention/ops", "v1/attention/backends",
-                "utils", "model_executor", "model_executor/layers",
-                "model_executor/layers/quantization",
-                "model_executor/layers/quantization/utils"):
-        _module("vllm" + ("." + sub.replace("/", ".") if sub else ""), pkg / sub)
-    _module("vllm.platforms", None, current_platform=_Platform(),
-            vllm_version_matches_substr=lambda s: False)
-    _module("vllm.logger", None, init_logger=logging.getLogger)
-    sys.modules["vllm.envs"] = _Envs("vllm.envs")
-    sys.modules["vllm"].envs = sys.modules["vllm.envs"]  # type: ignore[attr-defined]
+    # harness H with these folders as namespace packages too, and the real
+    # kv_cache_interface and backends/utils (the backend lays pages out with them)
+    vllm_tree.install(packages=("utils", "model_executor/layers/quantization",
+                                "model_executor/layers/quantization/utils"), kernels=False)
     _module("vllm.utils.torch_utils", None,
             get_dtype_size=lambda dt: torch.empty(0, dtype=dt).element_size())
     _module("vllm.utils.import_utils", None, resolve_obj_by_qualname=_resolve)

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from tests.gpu import _vllm
+from tests.gpu import vllm_tree
 from tests.patches._helpers import exec_function, load_envs, load_with_auto_stubs, make_module
 
 pytestmark = pytest.mark.gpu
-_vllm.require_cuda()
+vllm_tree.require_cuda()
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -54,7 +54,7 @@ def _gather(mod: Any, ids: Any, packed: Any, scale: Any) -> Any:
 
 
 def test_gather_from_pinned_host_memory() -> None:
-    _, patched = _vllm.trees()
+    _, patched = vllm_tree.trees()
     mod = _gather_module(patched)
     gen = torch.Generator(device="cuda").manual_seed(0)
     packed = torch.randint(-2**31, 2**31 - 1, (VOCAB, HIDDEN * BITS // 32), generator=gen,
@@ -72,7 +72,7 @@ def test_gather_from_pinned_host_memory() -> None:
         t_dev = triton.testing.do_bench(lambda ids=ids: _gather(mod, ids, packed, scale)) * 1e3
         t_uva = triton.testing.do_bench(lambda ids=ids: _gather(mod, ids, host, scale)) * 1e3
         lines.append(f"{n} ids: device {t_dev:.1f} us, pinned host {t_uva:.1f} us")
-    _vllm.record("qwen3_5-embed-uva gather (real _dequant_gather_kernel, 248320x5120 int4 g128; "
+    vllm_tree.record_line("qwen3_5-embed-uva gather (real _dequant_gather_kernel, 248320x5120 int4 g128; "
                  "outputs bit for bit equal): " + "; ".join(lines))
 
 
@@ -96,12 +96,12 @@ def _check_memory(tree: Path, monkeypatch: Any) -> None:
     helper(embed, tied=False)
     after = torch.cuda.memory_allocated()
     moved = embed.weight_packed
-    _vllm.record(f"  {tree.parent.name}: memory_allocated {(after - before) / 2**20:+.0f} MiB "
+    vllm_tree.record_line(f"  {tree.parent.name}: memory_allocated {(after - before) / 2**20:+.0f} MiB "
                  f"for a {table / 2**20:.0f} MiB table; now pinned={moved.is_pinned()}")
     assert before - after == table and moved.is_pinned()
     assert bool((moved == 1).all())
 
 
 def test_offload_frees_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    _vllm.record("qwen3_5-embed-uva (real helper; the pinned tensor stands in for its view):")
-    _vllm.fails_on_pristine(lambda tree: _check_memory(tree, monkeypatch))
+    vllm_tree.record_line("qwen3_5-embed-uva (real helper; the pinned tensor stands in for its view):")
+    vllm_tree.fails_on_pristine(lambda tree: _check_memory(tree, monkeypatch))

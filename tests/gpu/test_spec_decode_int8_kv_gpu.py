@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ._common import record, require_cuda
+from .vllm_tree import record, require_cuda
 
 pytestmark = pytest.mark.gpu
 torch = require_cuda()

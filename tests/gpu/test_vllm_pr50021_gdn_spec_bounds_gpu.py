@@ -17,24 +17,24 @@ from typing import Any
 
 import pytest
 
-from tests.gpu import _vllm
+from tests.gpu import vllm_tree
 from tests.patches import _gdn_bounds as gb
 
 pytestmark = pytest.mark.gpu
-_vllm.require_cuda()
+vllm_tree.require_cuda()
 
 import torch  # noqa: E402
 import triton.testing  # noqa: E402
 
 
 def _module(tree: Path, kernel: str) -> Any:
-    return gb.load(tree, kernel, _vllm.import_from_tree, _vllm.kernel_stubs())
+    return gb.load(tree, kernel, vllm_tree.import_from_tree, vllm_tree.kernel_stubs())
 
 
 @pytest.mark.parametrize("kernel", list(gb.RUNS))
 def test_invalid_counts_zero_valid_unchanged(kernel: str, monkeypatch: pytest.MonkeyPatch
                                              ) -> None:
-    pristine, patched = _vllm.trees()
+    pristine, patched = vllm_tree.trees()
     mods = {"pristine": _module(pristine, kernel), "patched": _module(patched, kernel)}
     runs = {label: gb.RUNS[kernel](mod, "cuda") for label, mod in mods.items()}
     torch.cuda.synchronize()
@@ -45,7 +45,7 @@ def test_invalid_counts_zero_valid_unchanged(kernel: str, monkeypatch: pytest.Mo
     monkeypatch.setattr(gb, "ACCEPTED", [2, 2, 2, 2])
     times = {label: triton.testing.do_bench(lambda mod=mod: gb.RUNS[kernel](mod, "cuda"))
              for label, mod in mods.items()}
-    _vllm.record(f"pr50021 {kernel}: invalid requests {sorted(gb.INVALID[kernel])} zero and "
+    vllm_tree.record_line(f"pr50021 {kernel}: invalid requests {sorted(gb.INVALID[kernel])} zero and "
                  "their states untouched, valid ones bit for bit as pristine; pristine "
                  "computes the invalid ones from another request's state. Call time on valid "
                  f"inputs (inputs made in the call): pristine {times['pristine'] * 1e3:.1f} us, "

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.gpu import _vllm
+from tests.gpu import vllm_tree
 from tests.patches import _flashinfer_build as fb
 
 pytestmark = pytest.mark.gpu
-_vllm.require_cuda()
+vllm_tree.require_cuda()
 
 import torch  # noqa: E402
 
@@ -53,7 +53,7 @@ def test_torch_mechanism_race_and_barrier() -> None:
     probe = torch.zeros(1, device="cuda")
     fenced = _two_steps(lambda lens: (probe.cpu(), lens)[1])
     assert fenced == [[11, 12, 13, 14], [21, 22, 23, 24]], fenced
-    _vllm.record("pr61612 torch mechanism: without a barrier the device saw "
+    vllm_tree.record_line("pr61612 torch mechanism: without a barrier the device saw "
                  f"{raced}; with a blocking read {fenced}")
 
 
@@ -77,8 +77,8 @@ def _check_build(tree: Path) -> None:
 
 def test_build_under_async_scheduling_is_the_barrier() -> None:
     t0 = time.perf_counter()
-    _vllm.fails_on_pristine(_check_build)
-    _vllm.record(f"pr61612 real build(): patched plans both steps correctly "
+    vllm_tree.fails_on_pristine(_check_build)
+    vllm_tree.record_line(f"pr61612 real build(): patched plans both steps correctly "
                  f"({time.perf_counter() - t0:.2f} s)")
 
 
@@ -93,5 +93,5 @@ def test_blocking_read_cost() -> None:
     for _ in range(n):
         lens.cpu()
     us = (time.perf_counter() - t0) / n * 1e6
-    _vllm.record(f"pr61612 seq_lens.cpu() of 64 int32 on an idle stream: {us:.1f} us")
+    vllm_tree.record_line(f"pr61612 seq_lens.cpu() of 64 int32 on an idle stream: {us:.1f} us")
     assert us > 0

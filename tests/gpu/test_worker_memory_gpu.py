@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from tests.gpu import _vllm
+from tests.gpu import vllm_tree
 from tests.patches import _worker_memory as wm
 from tests.patches._helpers import load_with_auto_stubs, make_module
 
 pytestmark = pytest.mark.gpu
-_vllm.require_cuda()
+vllm_tree.require_cuda()
 
 import torch  # noqa: E402
 
@@ -44,7 +44,7 @@ def _mem_utils(tree: Path) -> Any:
         "vllm.utils.mem_constants": make_module("vllm.utils.mem_constants", GiB_bytes=GIB,
                                                 KiB_bytes=1 << 10, MiB_bytes=MIB),
     }, package="vllm.utils")
-    mod.__dict__["torch"] = _vllm.accelerator_torch()
+    mod.__dict__["torch"] = vllm_tree.accelerator_torch()
     return mod
 
 
@@ -79,7 +79,7 @@ def _measured(tree: Path) -> Any:
     gc.collect()
     torch.cuda.empty_cache()
     snapshot = mu.MemorySnapshot()
-    real = {"torch": _vllm.accelerator_torch(), "gc": gc, "memory_profiling": profiling,
+    real = {"torch": vllm_tree.accelerator_torch(), "gc": gc, "memory_profiling": profiling,
             "init_snapshot": snapshot, "logger": logging.getLogger("worker")}
     events = wm.run(tree, pinned=False, real=real, profile=_ToyModel())
     assert len(results) == 1, events
@@ -89,14 +89,14 @@ def _measured(tree: Path) -> Any:
 def _check_warm(tree: Path) -> None:
     result = _measured(tree)
     peak = result.transient_peak_headroom
-    _vllm.record(f"  {tree.parent.name}: transient peak {peak / MIB:.0f} MiB "
+    vllm_tree.record_line(f"  {tree.parent.name}: transient peak {peak / MIB:.0f} MiB "
                  f"(activations {ACTIVATIONS / MIB:.0f} MiB, cold scratch {SCRATCH / MIB:.0f})")
     assert abs(peak - ACTIVATIONS) <= 16 * MIB, f"transient peak {peak / MIB:.0f} MiB"
 
 
 def test_memory_profile_after_warmup() -> None:
-    _vllm.record("memory-profile-after-warmup (real memory_profiling, toy profile_run):")
-    _vllm.fails_on_pristine(_check_warm)
+    vllm_tree.record_line("memory-profile-after-warmup (real memory_profiling, toy profile_run):")
+    vllm_tree.fails_on_pristine(_check_warm)
 
 
 PINNED = 512 * MIB
@@ -111,7 +111,7 @@ def _check_pinned(tree: Path) -> None:
     gc.collect()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_reserved()
-    real = {"torch": _vllm.accelerator_torch(), "gc": gc, "logger": logging.getLogger("worker"),
+    real = {"torch": vllm_tree.accelerator_torch(), "gc": gc, "logger": logging.getLogger("worker"),
             "set_current_vllm_config": lambda config: nullcontext()}
     events = wm.run(tree, pinned=True, real=real, profile=profile)
     assert events[-1] == ("return", wm.PINNED)
@@ -120,7 +120,7 @@ def _check_pinned(tree: Path) -> None:
     with_kv = torch.cuda.memory_reserved()
     del kv
     torch.cuda.empty_cache()
-    _vllm.record(f"  {tree.parent.name}: reserved after the pinned branch "
+    vllm_tree.record_line(f"  {tree.parent.name}: reserved after the pinned branch "
                  f"{(after - base) / MIB:+.0f} MiB over the start, the {PINNED / MIB:.0f} MiB "
                  f"KV pool then adds {(with_kv - after) / MIB:+.0f} MiB")
     assert after - base < 16 * MIB, f"{(after - base) / MIB:.0f} MiB still cached"
@@ -128,5 +128,5 @@ def _check_pinned(tree: Path) -> None:
 
 
 def test_pinned_kv_empty_cache() -> None:
-    _vllm.record("pinned-kv-empty-cache (real determine_available_memory, pinned branch):")
-    _vllm.fails_on_pristine(_check_pinned)
+    vllm_tree.record_line("pinned-kv-empty-cache (real determine_available_memory, pinned branch):")
+    vllm_tree.fails_on_pristine(_check_pinned)

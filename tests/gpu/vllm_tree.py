@@ -1,36 +1,124 @@
-"""Harness H: vLLM 0.32.0's Triton kernels loaded from a `.py` tree, without `vllm._C`.
+"""The one harness of the GPU tests that load vLLM 0.32.0's `.py` files without `vllm._C`.
 
-The GPU machine has torch 2.11 and Triton 3.6 but not the torch vLLM's compiled ops need, so
-a test loads the patched kernel modules straight from a tree of the package's `.py` files:
-`vllm` and every parent package are registered as empty namespace modules whose `__path__`
-points into the tree (no `__init__.py` runs), and only the modules that would pull in the
-engine are stubbed (the platform, the logger, `vllm.envs` reading `os.environ`, the custom
-ops, `KVQuantMode` taken by AST from the tree's own `kv_cache_interface.py`, and the two
-constants of `backends/utils.py`).
+The GPU machine has torch 2.11 and Triton 3.6 but not the torch vLLM's compiled ops need, so a
+test loads vLLM's modules straight from a tree of the package's `.py` files. Two ways, one
+module:
 
-The tree: `$QWEN38_VLLM_TREE` (a folder holding `vllm/`, or a zip of it, as the GPU twin of
-the series cuts and `nox -s gpu_tests` hand in); else the engine's build of the recipe,
+- harness H (`install`, `load`): `vllm` and every parent package are registered as empty
+  namespace modules whose `__path__` points into the tree (no `__init__.py` runs), and only
+  the modules that would pull in the engine are stubbed (the platform, the logger,
+  `vllm.envs` reading `os.environ`, the custom ops and, for the kernel files, `KVQuantMode`
+  taken by AST from the tree's own `kv_cache_interface.py` and the two constants of
+  `backends/utils.py`); `import_from_tree` does the same for one import and restores
+  `sys.modules` after;
+- one file at a time with the helpers of `tests/patches/_helpers.py` (every vLLM import a stub
+  unless the test hands in the real module), where a test compares the patched tree with the
+  pristine one in one process (`trees`, `fails_on_pristine`).
+
+The trees: `$QWEN38_VLLM_TREE` (a folder holding `vllm/`, or a zip of it: the series' tree, as
+the GPU twin of the series cuts and `nox -s gpu_tests` hand in) and `$QWEN38_VLLM_PRISTINE`
+(the pristine 0.32.0 tree); or `$QWEN38_VLLM_TREES`, a folder holding `pristine/vllm` and
+`patched/vllm` (as `bench/series_gpu.sh` unpacks them); else the engine's build of the recipe,
 extracted here (a machine with the store).
+
+The rules every GPU test shares live here too: skip without torch, a CUDA device and Triton
+(`QWEN38_GPU_REQUIRED=1` turns the skip into a failure), and the figures: `record` prints a
+table and writes it as `NAME.md` under `$QWEN38_GPU_RESULTS` (a folder); `record_line`
+prints a line and appends it to `$QWEN38_GPU_RESULTS` (a file; in a folder, its
+`results.txt`).
 """
 
 from __future__ import annotations
 
 import ast
+import datetime
 import enum
 import importlib
 import logging
 import os
 import sys
+import tempfile
 import types
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 TREE_ENV = "QWEN38_VLLM_TREE"
+PRISTINE_ENV = "QWEN38_VLLM_PRISTINE"
+TREES_ENV = "QWEN38_VLLM_TREES"
+RESULTS_ENV = "QWEN38_GPU_RESULTS"
+# Under `nox -s gpu_tests` (QWEN38_GPU_REQUIRED=1) a missing stack fails: there, a skip would
+# be a pass that tested nothing.
+REQUIRED = os.environ.get("QWEN38_GPU_REQUIRED") == "1"
 _CACHE = Path(os.environ.get("QWEN38_VLLM_TREE_CACHE", "/tmp/qwen38-vllm-tree"))
 
 
+def missing(reason: str) -> None:
+    """Skip the calling module (fail it, under QWEN38_GPU_REQUIRED)."""
+    if REQUIRED:
+        pytest.fail(f"{reason} (QWEN38_GPU_REQUIRED is set)", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def require_cuda() -> Any:
+    """torch with a CUDA device and Triton, else skip (fail under QWEN38_GPU_REQUIRED)."""
+    try:
+        import torch
+    except ImportError:
+        missing("torch is not installed: no GPU tests")
+    if not torch.cuda.is_available():
+        missing("no CUDA GPU visible to torch")
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        missing("Triton is not installed: the vLLM kernels need it")
+    return torch
+
+
+def card() -> str:
+    import torch
+    import triton
+
+    p = torch.cuda.get_device_properties(0)
+    return (f"{p.name} (sm{p.major}{p.minor}), torch {torch.__version__}, "
+            f"Triton {triton.__version__}, {datetime.date.today().isoformat()}")
+
+
+def _results_dir() -> Path | None:
+    out = os.environ.get(RESULTS_ENV)
+    if not out:
+        return None
+    path = Path(out)
+    return path.parent if path.suffix else path
+
+
+def record(name: str, lines: list[str]) -> None:
+    """Print a result table and, with $QWEN38_GPU_RESULTS set, write it there as NAME.md."""
+    text = "\n".join([f"# {name}", "", f"Card: {card()}", "", *lines, ""])
+    print(text)
+    out = _results_dir()
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{name}.md").write_text(text)
+
+
+def record_line(line: str) -> None:
+    """Print a line and append it to $QWEN38_GPU_RESULTS (a file; in a folder, results.txt)."""
+    print(line)
+    out = os.environ.get(RESULTS_ENV)
+    if out:
+        path = Path(out) if Path(out).suffix else Path(out) / "results.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+
+
 def _extract_py(wheel_or_zip: Path, dest: Path) -> Path:
+    """The ``vllm/**.py`` members of a wheel or zip under ``dest`` (returns ``dest``)."""
     with zipfile.ZipFile(wheel_or_zip) as zf:
         for name in zf.namelist():
             if name.startswith("vllm/") and name.endswith(".py") and ".." not in name:
@@ -38,26 +126,79 @@ def _extract_py(wheel_or_zip: Path, dest: Path) -> Path:
     return dest
 
 
+def _given(path: Path) -> Path:
+    """A folder holding ``vllm/`` from a folder or a zip."""
+    if path.is_file():
+        dest = _CACHE / path.stem
+        if not (dest / "vllm").is_dir():
+            _extract_py(path, dest)
+        return dest
+    return path
+
+
+_BUILT: dict[str, Path] = {}
+
+
+def _built() -> dict[str, Path]:
+    """The engine's build of the recipe and the pristine wheel, extracted (once)."""
+    if not _BUILT:
+        root = Path(__file__).resolve().parents[2]
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+        try:
+            from tests.patches.conftest import built_wheels
+            wheel, pristine_wheel, _ = built_wheels()
+        except Exception as exc:  # no engine, no store: say so
+            missing(f"no vLLM trees: set {TREE_ENV} or build the recipe ({exc})")
+        _BUILT["patched"] = _extract_py(wheel, _CACHE / wheel.parent.name)
+        _BUILT["pristine"] = _extract_py(
+            pristine_wheel, Path(tempfile.mkdtemp(prefix="qwen38-vllm-pristine-")))
+    return _BUILT
+
+
 def tree_root() -> Path:
-    """The folder that holds the `vllm/` package to test."""
+    """The folder that holds the (patched) `vllm/` package to test."""
     given = os.environ.get(TREE_ENV)
     if given:
-        path = Path(given)
-        if path.is_file():
-            dest = _CACHE / path.stem
-            if not (dest / "vllm").is_dir():
-                _extract_py(path, dest)
-            return dest
-        return path
-    root = Path(__file__).resolve().parents[2]
-    sys.path.insert(0, str(root))
-    from tests.patches.conftest import built_wheels
+        return _given(Path(given))
+    both = os.environ.get(TREES_ENV)
+    if both:
+        return Path(both) / "patched"
+    return _built()["patched"]
 
-    wheel, _, _ = built_wheels()
-    dest = _CACHE / wheel.parent.name
-    if not (dest / "vllm").is_dir():
-        _extract_py(wheel, dest)
-    return dest
+
+def pristine_root() -> Path:
+    """The folder that holds the pristine 0.32.0 `vllm/` package."""
+    given = os.environ.get(PRISTINE_ENV)
+    if given:
+        return _given(Path(given))
+    both = os.environ.get(TREES_ENV)
+    if both:
+        return Path(both) / "pristine"
+    if os.environ.get(TREE_ENV):
+        missing(f"{TREE_ENV} is set but not {PRISTINE_ENV}: no pristine tree")
+    return _built()["pristine"]
+
+
+def trees() -> tuple[Path, Path]:
+    """(pristine, patched) ``vllm/`` folders."""
+    pristine, patched = pristine_root() / "vllm", tree_root() / "vllm"
+    for tree in (pristine, patched):
+        if not (tree / "envs.py").is_file():
+            missing(f"{tree} is not a vLLM tree")
+    return pristine, patched
+
+
+def fails_on_pristine(check: Callable[[Path], object]) -> None:
+    """``check`` passes on the patched tree and fails (AssertionError) on the pristine one."""
+    pristine, patched = trees()
+    check(patched)
+    try:
+        check(pristine)
+    except AssertionError as exc:
+        record_line(f"  pristine 0.32.0 fails the same check: {str(exc).splitlines()[0][:160]}")
+        return
+    pytest.fail("the pristine vLLM 0.32.0 tree passes the check the patch is for")
 
 
 def _cuda_available() -> bool:
@@ -112,6 +253,9 @@ class _Platform:
         want = cap if isinstance(cap, int) else cap[0] * 10 + cap[1]
         return bool(c.major * 10 + c.minor >= want)
 
+    def is_arch_support_pdl(self) -> bool:
+        return False
+
     def num_compute_units(self, device_id: int = 0) -> int:
         import torch
 
@@ -153,8 +297,13 @@ def _namespace(name: str, path: Path | None) -> types.ModuleType:
     return mod
 
 
-def install(tree: Path | None = None) -> Path:
-    """Register the namespace packages and stubs for the tree; returns the tree root."""
+def install(tree: Path | None = None, *, packages: tuple[str, ...] = (),
+            kernels: bool = True) -> Path:
+    """Register the namespace packages and stubs for the tree; returns the tree root.
+
+    ``packages``: more folders of the package to register as namespace packages (e.g.
+    "utils"); ``kernels=False`` leaves ``vllm.v1.kv_cache_interface`` and
+    ``vllm.v1.attention.backends.utils`` to the tree (a test that needs the real ones)."""
     tree = tree or tree_root()
     pkg = tree / "vllm"
     if not pkg.is_dir():
@@ -165,7 +314,8 @@ def install(tree: Path | None = None) -> Path:
     for sub in ("", "v1", "v1/attention", "v1/attention/ops", "v1/attention/backends",
                 "model_executor", "model_executor/layers",
                 "model_executor/layers/mamba", "model_executor/layers/mamba/ops",
-                "model_executor/layers/fla", "model_executor/layers/fla/ops", "v1/worker"):
+                "model_executor/layers/fla", "model_executor/layers/fla/ops", "v1/worker",
+                *packages):
         dotted = "vllm" + ("." + sub.replace("/", ".") if sub else "")
         _namespace(dotted, pkg / sub)
     plat = _namespace("vllm.platforms", None)
@@ -176,11 +326,12 @@ def install(tree: Path | None = None) -> Path:
     sys.modules["vllm.envs"] = _Envs("vllm.envs")
     sys.modules["vllm"].envs = sys.modules["vllm.envs"]  # type: ignore[attr-defined]
     _namespace("vllm._custom_ops", None)
-    kvi = _namespace("vllm.v1.kv_cache_interface", None)
-    kvi.KVQuantMode = _kv_quant_mode(tree)  # type: ignore[attr-defined]
-    utils = _namespace("vllm.v1.attention.backends.utils", None)
-    utils.PAD_SLOT_ID = -1  # type: ignore[attr-defined]
-    utils.NULL_BLOCK_ID = 0  # type: ignore[attr-defined]
+    if kernels:
+        kvi = _namespace("vllm.v1.kv_cache_interface", None)
+        kvi.KVQuantMode = _kv_quant_mode(tree)  # type: ignore[attr-defined]
+        utils = _namespace("vllm.v1.attention.backends.utils", None)
+        utils.PAD_SLOT_ID = -1  # type: ignore[attr-defined]
+        utils.NULL_BLOCK_ID = 0  # type: ignore[attr-defined]
     if os.environ.get("TRITON_INTERPRET") == "1" and not _cuda_available():
         # CPU development under Triton's interpreter: vllm.triton_utils would find no
         # active driver and hand out placeholders, so it is the real triton here.
@@ -196,3 +347,111 @@ def install(tree: Path | None = None) -> Path:
 def load(module: str) -> types.ModuleType:
     """Import `vllm.<module>` from the installed tree."""
     return importlib.import_module(module)
+
+
+ACCELERATOR_CALLS = ("empty_cache", "synchronize", "memory_stats", "get_memory_info",
+                     "memory_reserved", "memory_allocated", "reset_peak_memory_stats")
+
+
+def accelerator_torch() -> Any:
+    """torch, or where this torch lacks some of the ``torch.accelerator`` memory calls that
+    vLLM 0.32.0 makes (it pins torch 2.13), a view of torch whose ``accelerator`` routes them
+    to ``torch.cuda``."""
+    import torch
+
+    if all(hasattr(torch.accelerator, name) for name in ACCELERATOR_CALLS):
+        return torch
+    cuda = torch.cuda
+    accelerator = SimpleNamespace(
+        **{name: getattr(torch.accelerator, name) for name in dir(torch.accelerator)
+           if not name.startswith("_")})
+    accelerator.__dict__.update(
+        empty_cache=cuda.empty_cache, synchronize=cuda.synchronize,
+        memory_stats=cuda.memory_stats, memory_reserved=cuda.memory_reserved,
+        memory_allocated=cuda.memory_allocated,
+        reset_peak_memory_stats=cuda.reset_peak_memory_stats,
+        get_memory_info=lambda device=None: cuda.mem_get_info(device))
+    view = types.ModuleType("torch")
+    view.__dict__.update(torch.__dict__)
+    view.__dict__["accelerator"] = accelerator
+    record_line(f"  (torch {torch.__version__} lacks some torch.accelerator memory calls: "
+           "routed to torch.cuda)")
+    return view
+
+
+def import_from_tree(tree: Path, name: str, stubs: dict[str, types.ModuleType]) -> Any:
+    """Import ``name`` (e.g. ``vllm.model_executor.layers.mamba.ops.causal_conv1d``) from
+    ``tree`` with its parent packages as empty namespace modules whose ``__path__`` points
+    into the tree (no package ``__init__.py`` runs) and ``stubs`` in place; the real
+    sibling modules it imports load from the tree. ``sys.modules`` is restored after."""
+    import importlib
+    import sys
+
+    saved = {key: mod for key, mod in sys.modules.items()
+             if key == "vllm" or key.startswith("vllm.")}
+    for key in saved:
+        del sys.modules[key]
+    parts = name.split(".")
+    try:
+        for i in range(1, len(parts)):
+            package = ".".join(parts[:i])
+            module = types.ModuleType(package)
+            module.__path__ = [str(tree.joinpath(*parts[1:i]))]
+            sys.modules[package] = module
+        sys.modules.update(stubs)
+        return importlib.import_module(name)
+    finally:
+        for key in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
+            del sys.modules[key]
+        sys.modules.update(saved)
+
+
+def kernel_stubs() -> dict[str, types.ModuleType]:
+    """The stubs harness H uses for vLLM's Triton kernel files: real Triton, a CUDA
+    platform, a logger, ``vllm.envs`` over ``os.environ``, empty compiled ops."""
+    import logging
+
+    import triton
+    import triton.language as tl
+
+    def module(name: str, **attrs: Any) -> types.ModuleType:
+        mod = types.ModuleType(name)
+        mod.__dict__.update(attrs)
+        return mod
+
+    try:
+        import triton.language.extra.libdevice as tldevice
+    except ImportError:  # pragma: no cover - older Triton
+        tldevice = None
+    platform = _Platform()
+
+    class _OnceLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+        def info_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
+            self.info(msg, *args)
+
+        def warning_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
+            self.warning(msg, *args)
+
+        def debug_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
+            self.debug(msg, *args)
+
+    class _RawEnvs(types.ModuleType):
+        """`vllm.envs` as raw strings (None when unset), as these kernel files read it."""
+
+        def __getattr__(self, name: str) -> Any:
+            return os.environ.get(name)
+
+    return {
+        "vllm.triton_utils": module("vllm.triton_utils", tl=tl, triton=triton,
+                                    tldevice=tldevice, HAS_TRITON=True),
+        "vllm.platforms": module("vllm.platforms", current_platform=platform),
+        "vllm.logger": module("vllm.logger",
+                              init_logger=lambda name: _OnceLogger(logging.getLogger(name), {})),
+        "vllm.envs": _RawEnvs("vllm.envs"),
+        "vllm._custom_ops": module("vllm._custom_ops"),
+        "vllm.v1.attention.backends.utils": module("vllm.v1.attention.backends.utils",
+                                                   PAD_SLOT_ID=-1, NULL_BLOCK_ID=0),
+        "vllm.utils.platform_utils": module(
+            "vllm.utils.platform_utils",
+            get_device_name_as_file_name=lambda *a: "NVIDIA_H200"),
+    }

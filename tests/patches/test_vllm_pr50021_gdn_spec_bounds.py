@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gpu import _vllm
+from tests.gpu import vllm_tree
 
 from . import _gdn_bounds as gb
 
@@ -36,7 +36,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 
 def _run(tree: Path, monkeypatch: pytest.MonkeyPatch) -> gb.Run:
-    mod = gb.load(tree, "causal_conv1d", _vllm.import_from_tree, _vllm.kernel_stubs())
+    mod = gb.load(tree, "causal_conv1d", vllm_tree.import_from_tree, vllm_tree.kernel_stubs())
     return gb.run_causal_conv1d(mod, "cpu")
 
 
