@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from tests.gpu import _vllm
+from tests.gpu import vllm_tree
 
 pytestmark = pytest.mark.gpu
-_vllm.require_cuda()
+vllm_tree.require_cuda()
 
 import torch  # noqa: E402
 import triton.testing  # noqa: E402
@@ -29,7 +29,7 @@ ROW_SOFTMAX = "v1/sample/ops/row_softmax.py"
 
 
 def _stubs() -> dict[str, ModuleType]:
-    stubs = _vllm.kernel_stubs()
+    stubs = vllm_tree.kernel_stubs()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def module(name: str, **attrs: Any) -> ModuleType:
@@ -69,9 +69,9 @@ def _modules(tree: Path) -> tuple[Any, Any]:
         package = ModuleType("vllm." + sub.replace("/", "."))
         package.__path__ = [str(tree / sub)]
         stubs[package.__name__] = package
-    rows = _vllm.import_from_tree(tree, "vllm.v1.sample.ops.row_softmax", stubs)
+    rows = vllm_tree.import_from_tree(tree, "vllm.v1.sample.ops.row_softmax", stubs)
     stubs["vllm.v1.sample.ops.row_softmax"] = rows
-    sampler = _vllm.import_from_tree(tree, "vllm.v1.sample.ops.topk_topp_sampler", stubs)
+    sampler = vllm_tree.import_from_tree(tree, "vllm.v1.sample.ops.topk_topp_sampler", stubs)
     return rows, sampler
 
 
@@ -104,19 +104,19 @@ def _check_softmax(tree: Path) -> None:
     dead_fast = rows_mod.softmax_fp32(dead)
     assert bool((dead_fast == 0).all())
     dead_torch = torch.softmax(dead, dim=-1, dtype=torch.float32)
-    _vllm.record(
+    vllm_tree.record_line(
         f"  row softmax 1/5/16 x {VOCAB} (random, -inf but 20, -inf but 1): max |err| / row max "
         f"{worst_ref:.1e} vs fp64, {worst_torch:.1e} vs torch fp32; an all -inf row gives "
         f"zeros (torch: {'NaN' if bool(dead_torch.isnan().all()) else 'finite'})")
 
 
 def test_row_softmax_accuracy() -> None:
-    _vllm.record("sampler-small-topk-fast-softmax, row softmax (real Triton):")
-    _vllm.fails_on_pristine(_check_softmax)
+    vllm_tree.record_line("sampler-small-topk-fast-softmax, row softmax (real Triton):")
+    vllm_tree.fails_on_pristine(_check_softmax)
 
 
 def test_seeded_samples_and_latency() -> None:
-    _, patched = _vllm.trees()
+    _, patched = vllm_tree.trees()
     rows_mod, mod = _modules(patched)
     # seeded samples: row softmax vs torch's softmax of the same masked logits
     agree = total = 0
@@ -146,6 +146,6 @@ def test_seeded_samples_and_latency() -> None:
         lines.append(f"  softmax {rows} x {VOCAB}: row softmax "
                      f"{us(lambda x=x: rows_mod.row_softmax(x)):.1f} us, torch "
                      f"{us(lambda x=x: torch.softmax(x, -1, dtype=torch.float32)):.1f} us")
-    _vllm.record("sampler-small-topk-fast-softmax, samples and latency (patched tree):")
+    vllm_tree.record_line("sampler-small-topk-fast-softmax, samples and latency (patched tree):")
     for line in lines:
-        _vllm.record(line)
+        vllm_tree.record_line(line)

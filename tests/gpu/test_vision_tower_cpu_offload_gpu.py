@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from tests.gpu import _vllm
+from tests.gpu import vllm_tree
 from tests.patches._vision_tower import tower_class, uva_offloader, vision_config
 
 pytestmark = pytest.mark.gpu
-_vllm.require_cuda()
+vllm_tree.require_cuda()
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -165,11 +165,11 @@ def _check(tree: Path, monkeypatch: Any) -> None:
 
 
 def test_per_block_bulk_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    _vllm.record("vision-tower-cpu-offload (real __init__ and UVAOffloader, toy layers of the "
+    vllm_tree.record_line("vision-tower-cpu-offload (real __init__ and UVAOffloader, toy layers of the "
                  "real shapes, 1024 patches):")
-    _vllm.fails_on_pristine(lambda tree: _check(tree, monkeypatch))
+    vllm_tree.fails_on_pristine(lambda tree: _check(tree, monkeypatch))
     f = _FIGURES
-    _vllm.record(
+    vllm_tree.record_line(
         f"  per-block: {f['offloaded'] / MIB:.0f} MiB offloaded of a {f['vram'] / MIB:.0f} MiB "
         f"tower, memory_allocated {f['allocated'] / MIB:.0f} MiB; forward bit for bit equal; "
         f"transient peak {f['peak'] / MIB:.0f} MiB (largest module {f['largest'] / MIB:.0f} "
@@ -178,7 +178,7 @@ def test_per_block_bulk_copy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_upstream_whole_tower_wrap(monkeypatch: pytest.MonkeyPatch) -> None:
-    _, patched = _vllm.trees()
+    _, patched = vllm_tree.trees()
     x = _input()
     ref_tower, _, _ = _build(patched, "0", monkeypatch)
     ref, act_peak, _ = _run(ref_tower, x)
@@ -193,7 +193,7 @@ def test_upstream_whole_tower_wrap(monkeypatch: pytest.MonkeyPatch) -> None:
     out, peak, ms = _run(tower, x)
     assert torch.equal(out, ref)
     assert peak >= offloader.cpu_offload_bytes  # the whole tower comes in at once
-    _vllm.record(
+    vllm_tree.record_line(
         f"  upstream whole-tower bulk wrap: {offloader.cpu_offload_bytes / MIB:.0f} MiB "
         f"offloaded; transient peak {peak / MIB:.0f} MiB (activations {act_peak / MIB:.0f} "
         f"MiB); {ms:.2f} ms per forward")
