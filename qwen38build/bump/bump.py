@@ -64,6 +64,7 @@ from qwen38build.errors import FetchError, InputError, LockError, Qwen38BuildErr
 from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.env import source_dirs
 from qwen38build.inputs.recipe import LoadedRecipe
+from qwen38build.pinning import envmove
 from qwen38build.pinning import pylock as envlock
 from qwen38build.proc import run
 from qwen38build.series.patchfile import PatchFile
@@ -221,7 +222,10 @@ def relock_environment(
     if not path.is_file():
         return None, None
     try:
-        old = envlock.packages_of(envlock.read_text(path), str(path))
+        # what moves for the stack's Python (the lock covers every one the pin supports)
+        env = envlock.marker_env(loaded.recipe.toolchain.python,
+                                 envlock.target_platform(loaded, entry))
+        old = envlock.packages_of(envlock.read_text(path), str(path), env)
         pin = f"{entry.name} {entry.version}"
         reqs = envlock.pin_requirements(loaded, entry, wheel)
         torch = envlock.torch_for(loaded, pin, reqs)
@@ -235,11 +239,11 @@ def relock_environment(
             cache.parent.mkdir(parents=True, exist_ok=True)
             store.write_json(cache, {"text": locked.text, "inputs": locked.inputs,
                                      "requirements": locked.requirements})
-        new = locked.packages
+        new = envlock.packages_of(locked.text, f"the lock of {pin}", env)
     except Qwen38BuildError as exc:
         return EnvReport(None, error=str(exc).replace("\n", " ")), None
     was = loaded.recipe.toolchain.torch
-    return EnvReport(envlock.diff(old, new), (was, torch) if torch != was else None,
+    return EnvReport(envmove.diff(old, new), (was, torch) if torch != was else None,
                      cached=cached), locked
 
 

@@ -7,6 +7,7 @@ from typing import Literal
 
 from qwen38build.inputs import lock as lockmod
 from qwen38build.pinning import pylock as envlock
+from qwen38build.pinning.envmove import EnvMove
 from qwen38build.series import upstreamed
 
 # -- the report -------------------------------------------------------------------------
@@ -100,7 +101,7 @@ class RebaseResult:
 class EnvReport:
     """The environment lock re-made for the new pin: what moved, or why it could not be."""
 
-    move: envlock.EnvMove | None
+    move: EnvMove | None
     torch: tuple[str, str] | None = None  # recipe [toolchain] torch, old → new
     error: str = ""
     offline: bool = False  # not re-locked: offline, and re-locking asks the index
