@@ -51,6 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from qwen38build.bump import members
 from qwen38build.bump.report import (
     RETIRABLE,
     BumpReport,
@@ -162,11 +163,15 @@ def bump(
     old_version = loaded.recipe.vllm.version
     old_wheel = locked_wheel(loaded, store)
     new_entry, new_wheel = resolve_wheel(loaded, store, new_version)
-    patches = try_series(loaded, old_wheel, new_wheel, (old_version, new_version))
+    old_sha = lockmod.locked_vllm(loaded, lockmod.read(loaded.root)).sha256
+    caches = (store.root / members.FOLDER / old_sha,
+              store.root / members.FOLDER / new_entry.sha256)
+    patches = try_series(loaded, old_wheel, new_wheel, (old_version, new_version), caches)
     report = BumpReport(old_version, new_version, new_entry, patches, dry_run)
     reasons = {p.patch: f"{p.outcome} in {new_version}: {p.summary()}"
                for p in patches if p.outcome in RETIRABLE} if retire and not dry_run else {}
-    report.environment, env_lock = relock_environment(loaded, new_entry, new_wheel, store)
+    report.environment, env_lock = relock_environment(loaded, new_entry, new_wheel, store,
+                                                      caches[1])
     if rebase is not None:
         topics = {e.row_name: e.topic for e in loaded.series_entries()}
         report.rebase = rebase_workspace(loaded, store, rebase, new_version, new_wheel,
@@ -204,7 +209,8 @@ ENVLOCKS = "envlocks"
 
 
 def relock_environment(
-    loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path, store: Store
+    loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path, store: Store,
+    cache: Path | None = None,
 ) -> tuple[EnvReport | None, envlock.Locked | None]:
     """Lock the environment for the new pin (nothing written) and compare with the current.
 
@@ -216,30 +222,33 @@ def relock_environment(
     ``QWEN38BUILD_OFFLINE=1``) uv is never run, as it would ask the index: without a
     cached lock the report says the lock was not re-made.
     """
+    from email.parser import BytesHeaderParser
+
     from qwen38build.cache.config import offline_env
 
     path = envlock.pylock_path(loaded.root)
     if not path.is_file():
         return None, None
     try:
-        # what moves for the stack's Python (the lock covers every one the pin supports)
-        env = envlock.marker_env(loaded.recipe.toolchain.python,
-                                 envlock.target_platform(loaded, entry))
-        old = envlock.packages_of(envlock.read_text(path), str(path), env)
         pin = f"{entry.name} {entry.version}"
-        reqs = envlock.pin_requirements(loaded, entry, wheel)
+        meta = BytesHeaderParser().parsebytes(members.metadata(wheel, cache))
+        reqs = envlock.pin_requirements(loaded, entry, wheel, meta)
         torch = envlock.torch_for(loaded, pin, reqs)
-        cache = store.root / ENVLOCKS / f"{_relock_key(loaded, entry, reqs, torch)}.json"
-        locked = _cached_lock(cache)
+        key = store.root / ENVLOCKS / f"{_relock_key(loaded, entry, reqs, torch)}.json"
+        locked = _cached_lock(key)
         cached = locked is not None
         if locked is None:
             if offline_env():
                 return EnvReport(None, offline=True), None
             locked = envlock.compute(loaded, entry, wheel, torch=torch)
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            store.write_json(cache, {"text": locked.text, "inputs": locked.inputs,
-                                     "requirements": locked.requirements})
-        new = envlock.packages_of(locked.text, f"the lock of {pin}", env)
+            key.parent.mkdir(parents=True, exist_ok=True)
+            store.write_json(key, {"text": locked.text, "inputs": locked.inputs,
+                                   "requirements": locked.requirements})
+        # what moves for the stack's Python (the lock covers every one the pin supports)
+        env = envlock.marker_env(loaded.recipe.toolchain.python,
+                                 envlock.target_platform(loaded, entry))
+        old = envlock.versions(envlock.read_text(path), str(path), env)
+        new = envlock.versions(locked.text, f"the lock of {pin}", env)
     except Qwen38BuildError as exc:
         return EnvReport(None, error=str(exc).replace("\n", " ")), None
     was = loaded.recipe.toolchain.torch
@@ -276,7 +285,8 @@ def _cached_lock(path: Path) -> envlock.Locked | None:
         inputs: envlock.LockInputs = data["inputs"]  # the cache's own file, written by save
         locked = envlock.Locked(str(data["text"]), inputs,
                                 [str(r) for r in data["requirements"]])
-        locked.packages  # noqa: B018 - parses, or raises: a bad cache is made again
+        if not envlock.versions(locked.text, str(path), {}):  # parses, or raises
+            return None
     except (OSError, ValueError, KeyError, TypeError, Qwen38BuildError):
         return None
     return locked

@@ -91,9 +91,9 @@ def cupy_requirement(cuda: str) -> str:
 # -- the pin's requirements ----------------------------------------------------------------
 
 
-def requires_dist(wheel: Path) -> list[str]:
-    """The ``Requires-Dist`` lines of the wheel's METADATA, in order."""
-    return [str(v) for v in metadata(wheel).get_all("Requires-Dist") or []]
+def requires_dist(meta: Message) -> list[str]:
+    """The ``Requires-Dist`` lines of a wheel's METADATA, in order."""
+    return [str(v) for v in meta.get_all("Requires-Dist") or []]
 
 
 def metadata(wheel: Path) -> Message:
@@ -217,9 +217,10 @@ def target_platform(loaded: LoadedRecipe, entry: lockmod.LockedWheel) -> str:
     return env.platform if env is not None else entry.platform_tag
 
 
-def pythons(loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path) -> list[str]:
-    """The Pythons the lock covers: those the pin supports, the recipe's among them."""
-    found = universal.supported_pythons(metadata(wheel), loaded.recipe.toolchain.python)
+def pythons(loaded: LoadedRecipe, entry: lockmod.LockedWheel, meta: Message) -> list[str]:
+    """The Pythons the lock covers: those the pin supports (its METADATA ``meta``), the
+    recipe's among them."""
+    found = universal.supported_pythons(meta, loaded.recipe.toolchain.python)
     python = ".".join(loaded.recipe.toolchain.python.split(".")[:2])
     if python not in found:
         raise LockError(
@@ -229,13 +230,14 @@ def pythons(loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path) -> li
     return found
 
 
-def pin_requirements(loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path
-                     ) -> list[Requirement]:
-    """The runtime requirements of the pinned ``wheel`` on the target, for any Python it
-    supports (markers kept)."""
+def pin_requirements(loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path,
+                     meta: Message | None = None) -> list[Requirement]:
+    """The runtime requirements of the pinned ``wheel`` (its METADATA ``meta``, read from it
+    when not given) on the target, for any Python it supports (markers kept)."""
+    meta = meta if meta is not None else metadata(wheel)
     platform = target_platform(loaded, entry)
-    envs = [marker_env(p, platform) for p in pythons(loaded, entry, wheel)]
-    return runtime_requirements(requires_dist(wheel), envs, f"{entry.filename} METADATA")
+    envs = [marker_env(p, platform) for p in pythons(loaded, entry, meta)]
+    return runtime_requirements(requires_dist(meta), envs, f"{entry.filename} METADATA")
 
 
 def compute(
@@ -247,8 +249,9 @@ def compute(
     it a recipe torch that the pin excludes is refused before uv runs.
     """
     pin = f"{entry.name} {entry.version}"
-    covered = pythons(loaded, entry, wheel)
-    reqs = pin_requirements(loaded, entry, wheel)
+    meta = metadata(wheel)
+    covered = pythons(loaded, entry, meta)
+    reqs = pin_requirements(loaded, entry, wheel, meta)
     if torch is None:
         check_torch(loaded, pin, reqs)
     spec = inputs(loaded, entry, torch)
@@ -356,6 +359,20 @@ def read_text(path: Path) -> str:
         raise LockError(f"{path}: not UTF-8 text (byte {exc.start}); TOML is UTF-8.",
                         hint="run `qwen38build lock` to lock the Python environment again"
                         ) from None
+
+
+_PACKAGE = re.compile(r'^\[\[packages\]\]\nname = "([^"\\]+)"\nversion = "([^"\\]+)"\n'
+                      r'(?:marker = "([^"\\]*)"\n)?', re.M)
+
+
+def versions(text: str, where: str, env: dict[str, str]) -> dict[str, str]:
+    """:func:`packages_of` for ``env``, by a scan of uv's own layout (a bump compares two
+    300 KB locks; TOML parsing is most of that); any other layout is parsed in full."""
+    found = _PACKAGE.findall(text)
+    if len(found) != text.count("[[packages]]") or not found:
+        return packages_of(text, where, env)
+    return {canonicalize_name(name): version for name, version, marker in found
+            if not marker or universal.applies({"marker": marker}, env)}
 
 
 def packages_of(text: str, where: str, env: dict[str, str] | None = None) -> dict[str, str]:
