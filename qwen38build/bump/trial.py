@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,7 +60,15 @@ def _find(have: list[str], want: list[str], near: int) -> int | None:
         return None
     n = len(want)
     first = want[0]
-    hits = [i for i in range(len(have) - n + 1) if have[i] == first and have[i:i + n] == want]
+    hits = []
+    i = -1
+    try:
+        while True:  # list.index finds each candidate first line in C
+            i = have.index(first, i + 1, len(have) - n + 1)
+            if have[i:i + n] == want:
+                hits.append(i)
+    except ValueError:
+        pass
     return min(hits, key=lambda i: abs(i + 1 - near)) if hits else None
 
 
@@ -131,7 +140,8 @@ class _Trial:
     def __init__(self, tmp: Path, entries: list[SeriesEntry], patches: list[PatchFile],
                  old: dict[str, bytes | None], new: dict[str, bytes | None],
                  old_names: set[str], new_names: set[str], versions: tuple[str, str],
-                 root: Path) -> None:
+                 root: Path, read_new: Callable[[set[str]], dict[str, bytes | None]]
+                 ) -> None:
         self.work = tmp / "work"
         self.work.mkdir()
         _write_tree(self.work, new)
@@ -142,6 +152,9 @@ class _Trial:
         self.old_names, self.new_names = old_names, new_names
         self.versions = versions
         self.root = root
+        self.read_new = read_new  # more files of the new wheel, read when asked
+        self._added: dict[str, list[str]] | None = None
+        self._where: dict[str, list[tuple[str, int]]] = {}  # a line → (file, index) of each
         self._chain: Lineage | None = None
         self._upstream: dict[str, list[tuple[int, int, list[str]]]] | None = None
         self.outcomes: list[Outcome] = []
@@ -220,6 +233,29 @@ class _Trial:
                         (d / name).write_bytes(data)
             self._upstream = _diff_hunks(*sides, names) if names else {}
         return self._upstream.get(rel, [])
+
+    def moved_code(self, rel: str, hunk: Hunk) -> str:
+        """``path:line`` of a file new upstream that holds the whole old side of ``hunk``
+        (three lines at least) where the new ``rel`` no longer does: upstream moved the
+        code there (0.33.0 split v1/core/kv_cache_utils.py so); else ""."""
+        want = hunk.old_lines
+        if sum(1 for ln in want if ln.strip()) < 3 or _find(
+                _lines(self.new.get(rel)), want, hunk.old_start) is not None:
+            return ""
+        if self._added is None:  # the .py files new upstream, read once, only when asked
+            added = {n for n in self.new_names - self.old_names if n.endswith(".py")}
+            self._added = {n: _lines(d) for n, d in self.read_new(added).items()}
+            keys = {h.old_lines[_key(h.old_lines)] for pf in self.patches for fd in pf.files
+                    for h in fd.hunks if h.old_lines}
+            for path, lines in sorted(self._added.items()):
+                for j, line in enumerate(lines):
+                    if line in keys:
+                        self._where.setdefault(line, []).append((path, j))
+        k = _key(want)
+        hits = sorted((path, abs(j - k + 1 - hunk.old_start), j - k)
+                      for path, j in self._where.get(want[k], [])
+                      if j >= k and self._added[path][j - k:j - k + len(want)] == want)
+        return f"{hits[0][0]}:{hits[0][2] + 1}" if hits else ""
 
     def _moved(self, rel: str) -> list[str]:
         name = rel.rsplit("/", 1)[-1]
@@ -303,13 +339,23 @@ class _Trial:
         likely = found is not None and found.likely
         if found is not None and found.likely:
             note += f"; likely upstreamed: {found.note}"
+        moved = self.moved_code(rel, hunk) if hunk is not None and not likely else ""
+        if moved:
+            note += (f"; its lines are now in {moved}, a file new in {self.versions[1]}: "
+                     "upstream moved the code, so the hunk goes to that file")
         return HunkFailure(
             file=fd.path, hunk=i + 1, patch_line=hunk.patch_line if hunk else fd.patch_line,
             note=note, upstream_diff=upstream, depends_on=tuple(dict.fromkeys(depends)),
             evidence=found.note if found and likely else "",
             similarity=round(found.similarity, 3) if found and uhunks else None,
             side_by_side=found.side_by_side if found and likely else "",
+            moved_to=moved,
         )
+
+
+def _key(lines: list[str]) -> int:
+    """The index of the most telling line of ``lines`` (the longest; the first of those)."""
+    return max(range(len(lines)), key=lambda i: len(lines[i]))
 
 
 def _may_reverse(pf: PatchFile, work: Path) -> bool:
@@ -361,6 +407,9 @@ def try_series(
     old, old_names = _read_members(old_wheel, touched, caches[0] if caches else None)
     new, new_names = _read_members(new_wheel, touched, caches[1] if caches else None)
     with tempfile.TemporaryDirectory(prefix="q38-bump.", dir=scratch_parent()) as tmp:
+        def read_new(rels: set[str]) -> dict[str, bytes | None]:
+            return _read_members(new_wheel, rels, caches[1] if caches else None)[0]
+
         trial = _Trial(Path(tmp), entries, patches, old, new, old_names, new_names, versions,
-                       loaded.root)
+                       loaded.root, read_new)
         return trial.run()
