@@ -81,3 +81,25 @@ def test_a_real_bump_that_leaves_conflicts_says_it_moved_the_pin(
         f"(recipe.toml and lock/ now pin {NEW}; `build` needs every patch to apply)")
     dry = bump.bump(p.loaded(), p.store, NEW)  # now from NEW to NEW: nothing moves
     assert "dry run: recipe and lock untouched" in dry.headline()
+
+
+def test_every_stop_of_the_carry_shows_the_base_of_its_conflicts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The walk: the first stop showed diff3 conflicts (with the base), but the stops that
+    `git cherry-pick --continue` reached showed two sides only: the style was given to the
+    first git command alone."""
+    import subprocess
+
+    p = two_pins(tmp_path, monkeypatch, ["conflict-c", "base-f"])
+    ws = tmp_path / "ws"
+    r = bump.bump(p.loaded(), p.store, NEW, rebase=ws).rebase
+    assert r is not None and r.stopped_at == "conflict-c"
+    assert "|||||||" in (ws / "vllm" / "c.py").read_text()
+    (ws / "vllm" / "c.py").write_text(numbered("c").replace("c line 10\n", "c line 10 both\n"))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GIT_EDITOR": "true"}
+    subprocess.run(["git", "add", "vllm/c.py"], cwd=ws, check=True, env=env)
+    cont = subprocess.run(["git", "cherry-pick", "--continue"], cwd=ws, env=env, check=False,
+                          capture_output=True, text=True)
+    assert cont.returncode != 0 and "f.py" in cont.stdout + cont.stderr  # the next stop
+    assert "|||||||" in (ws / "vllm" / "f.py").read_text()

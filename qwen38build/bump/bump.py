@@ -375,8 +375,10 @@ def rebase_workspace(
                 skipped.append(topic)
             else:
                 picks.append(c.sha)
-    proc = run(["git", "-c", "merge.conflictStyle=diff3", "cherry-pick",
-                "--keep-redundant-commits", "--allow-empty", *picks],
+    # In the workspace's own config, not `-c`: every pick that `cherry-pick --continue`
+    # makes later shows its conflicts with the base too, as the first one does.
+    git(repo, "config", "merge.conflictStyle", "diff3")
+    proc = run(["git", "cherry-pick", "--keep-redundant-commits", "--allow-empty", *picks],
                what="git", cwd=repo, env=workspace.git_env()) if picks else None
     done: list[str] = []
     empty: list[str] = []
