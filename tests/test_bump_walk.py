@@ -27,6 +27,8 @@ def test_a_stopped_carry_names_the_workspace_to_export_and_what_continue_does(
     assert "stopped at topic conflict-c (3 carried before it)" in text
     assert "`git cherry-pick --skip` to leave conflict-c for later" in text
     assert "stops at the next conflict" in text
+    # the walk: export kept `Cut-against: 0.0.1` and the lint refused every exported topic
+    assert f"start it with {NEW} in every topic carried onto it" in text
 
 
 def moved_pins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:

@@ -286,6 +286,9 @@ class BumpReport:
         if self.rebase is not None:
             r = self.rebase
             out.append("")
+            headers = (f"Export keeps each patch's `Cut-against:` header: start it with "
+                       f"{self.new_version} in every topic carried onto it (the lint refuses "
+                       f"{self.old_version} once the recipe pins {self.new_version}).")
             if r.ok:
                 out.append(f"Workspace {r.repo}: branch {r.branch} carries every topic; "
                            f"`qwen38build export {r.repo}` writes the patch files.")
@@ -299,6 +302,7 @@ class BumpReport:
                     f"{r.stopped_at} for later; then `qwen38build export {r.repo}` writes "
                     "every finished topic and names the unfinished ones."
                 )
+            out.append(headers)
             if r.empty:
                 out.append(f"Empty after the carry (upstream has them): {', '.join(r.empty)}.")
             if r.skipped:
