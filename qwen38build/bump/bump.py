@@ -51,6 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from qwen38build.bump import members
 from qwen38build.bump.overlay import overlay_in_upstream
 from qwen38build.bump.report import (
     RETIRABLE,
@@ -65,6 +66,7 @@ from qwen38build.errors import FetchError, InputError, LockError, Qwen38BuildErr
 from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.env import source_dirs
 from qwen38build.inputs.recipe import LoadedRecipe
+from qwen38build.pinning import envmove
 from qwen38build.pinning import pylock as envlock
 from qwen38build.proc import run
 from qwen38build.series.patchfile import PatchFile
@@ -162,12 +164,16 @@ def bump(
     old_version = loaded.recipe.vllm.version
     old_wheel = locked_wheel(loaded, store)
     new_entry, new_wheel = resolve_wheel(loaded, store, new_version)
-    patches = try_series(loaded, old_wheel, new_wheel, (old_version, new_version))
+    old_sha = lockmod.locked_vllm(loaded, lockmod.read(loaded.root)).sha256
+    caches = (store.root / members.FOLDER / old_sha,
+              store.root / members.FOLDER / new_entry.sha256)
+    patches = try_series(loaded, old_wheel, new_wheel, (old_version, new_version), caches)
     report = BumpReport(old_version, new_version, new_entry, patches, dry_run,
                         overlays=overlay_in_upstream(loaded, new_wheel, store))
     reasons = {p.patch: f"{p.outcome} in {new_version}: {p.summary()}"
                for p in patches if p.outcome in RETIRABLE} if retire and not dry_run else {}
-    report.environment, env_lock = relock_environment(loaded, new_entry, new_wheel, store)
+    report.environment, env_lock = relock_environment(loaded, new_entry, new_wheel, store,
+                                                      caches[1])
     if rebase is not None:
         topics = {e.row_name: e.topic for e in loaded.series_entries()}
         report.rebase = rebase_workspace(loaded, store, rebase, new_version, new_wheel,
@@ -205,7 +211,8 @@ ENVLOCKS = "envlocks"
 
 
 def relock_environment(
-    loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path, store: Store
+    loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path, store: Store,
+    cache: Path | None = None,
 ) -> tuple[EnvReport | None, envlock.Locked | None]:
     """Lock the environment for the new pin (nothing written) and compare with the current.
 
@@ -217,31 +224,37 @@ def relock_environment(
     ``QWEN38BUILD_OFFLINE=1``) uv is never run, as it would ask the index: without a
     cached lock the report says the lock was not re-made.
     """
+    from email.parser import BytesHeaderParser
+
     from qwen38build.cache.config import offline_env
 
     path = envlock.pylock_path(loaded.root)
     if not path.is_file():
         return None, None
     try:
-        old = envlock.packages_of(envlock.read_text(path), str(path))
         pin = f"{entry.name} {entry.version}"
-        reqs = envlock.pin_requirements(loaded, entry, wheel)
+        meta = BytesHeaderParser().parsebytes(members.metadata(wheel, cache))
+        reqs = envlock.pin_requirements(loaded, entry, wheel, meta)
         torch = envlock.torch_for(loaded, pin, reqs)
-        cache = store.root / ENVLOCKS / f"{_relock_key(loaded, entry, reqs, torch)}.json"
-        locked = _cached_lock(cache)
+        key = store.root / ENVLOCKS / f"{_relock_key(loaded, entry, reqs, torch)}.json"
+        locked = _cached_lock(key)
         cached = locked is not None
         if locked is None:
             if offline_env():
                 return EnvReport(None, offline=True), None
             locked = envlock.compute(loaded, entry, wheel, torch=torch)
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            store.write_json(cache, {"text": locked.text, "inputs": locked.inputs,
-                                     "requirements": locked.requirements})
-        new = locked.packages
+            key.parent.mkdir(parents=True, exist_ok=True)
+            store.write_json(key, {"text": locked.text, "inputs": locked.inputs,
+                                   "requirements": locked.requirements})
+        # what moves for the stack's Python (the lock covers every one the pin supports)
+        env = envlock.marker_env(loaded.recipe.toolchain.python,
+                                 envlock.target_platform(loaded, entry))
+        old = envlock.versions(envlock.read_text(path), str(path), env)
+        new = envlock.versions(locked.text, f"the lock of {pin}", env)
     except Qwen38BuildError as exc:
         return EnvReport(None, error=str(exc).replace("\n", " ")), None
     was = loaded.recipe.toolchain.torch
-    return EnvReport(envlock.diff(old, new), (was, torch) if torch != was else None,
+    return EnvReport(envmove.diff(old, new), (was, torch) if torch != was else None,
                      cached=cached), locked
 
 
@@ -274,7 +287,8 @@ def _cached_lock(path: Path) -> envlock.Locked | None:
         inputs: envlock.LockInputs = data["inputs"]  # the cache's own file, written by save
         locked = envlock.Locked(str(data["text"]), inputs,
                                 [str(r) for r in data["requirements"]])
-        locked.packages  # noqa: B018 - parses, or raises: a bad cache is made again
+        if not envlock.versions(locked.text, str(path), {}):  # parses, or raises
+            return None
     except (OSError, ValueError, KeyError, TypeError, Qwen38BuildError):
         return None
     return locked
@@ -363,8 +377,10 @@ def rebase_workspace(
                 skipped.append(topic)
             else:
                 picks.append(c.sha)
-    proc = run(["git", "-c", "merge.conflictStyle=diff3", "cherry-pick",
-                "--keep-redundant-commits", "--allow-empty", *picks],
+    # In the workspace's own config, not `-c`: every pick that `cherry-pick --continue`
+    # makes later shows its conflicts with the base too, as the first one does.
+    gitrepo.git(repo, "config", "merge.conflictStyle", "diff3")
+    proc = run(["git", "cherry-pick", "--keep-redundant-commits", "--allow-empty", *picks],
                what="git", cwd=repo, env=gitrepo.git_env()) if picks else None
     done: list[str] = []
     empty: list[str] = []

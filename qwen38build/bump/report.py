@@ -8,6 +8,7 @@ from typing import Literal
 from qwen38build.bump.overlay import OverlayInUpstream
 from qwen38build.inputs import lock as lockmod
 from qwen38build.pinning import pylock as envlock
+from qwen38build.pinning.envmove import EnvMove
 from qwen38build.series import upstreamed
 
 # -- the report -------------------------------------------------------------------------
@@ -42,6 +43,7 @@ class HunkFailure:
     evidence: str = ""  # why it looks upstreamed in other words (empty: it does not)
     similarity: float | None = None  # difflib ratio of its change to upstream's
     side_by_side: str = ""  # ours | upstream, where there is evidence
+    moved_to: str = ""  # "path:line" of a file new upstream that holds its lines now
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ class RebaseResult:
 class EnvReport:
     """The environment lock re-made for the new pin: what moved, or why it could not be."""
 
-    move: envlock.EnvMove | None
+    move: EnvMove | None
     torch: tuple[str, str] | None = None  # recipe [toolchain] torch, old → new
     error: str = ""
     offline: bool = False  # not re-locked: offline, and re-locking asks the index
@@ -198,7 +200,10 @@ class BumpReport:
     def headline(self) -> str:
         return (f"vllm {self.old_version} → {self.new_version}: "
                 + ", ".join(f"{n} {k}" for k, n in self.counts().items())
-                + ("" if not self.dry_run else " (dry run: recipe and lock untouched)"))
+                + (" (dry run: recipe and lock untouched)" if self.dry_run else
+                   f" (recipe.toml and lock/ now pin {self.new_version}; `build` needs every "
+                   "patch to apply)" if not self.ok else
+                   f" (recipe.toml and lock/ now pin {self.new_version})"))
 
     def upstream_refs(self) -> dict[str, str]:
         """Each distinct upstream diff once, named U1, U2, ... in order of first use."""
@@ -292,15 +297,23 @@ class BumpReport:
         if self.rebase is not None:
             r = self.rebase
             out.append("")
+            headers = (f"Export keeps each patch's `Cut-against:` header: start it with "
+                       f"{self.new_version} in every topic carried onto it (the lint refuses "
+                       f"{self.old_version} once the recipe pins {self.new_version}).")
             if r.ok:
                 out.append(f"Workspace {r.repo}: branch {r.branch} carries every topic; "
                            f"`qwen38build export {r.repo}` writes the patch files.")
             else:
                 out.append(
-                    f"Workspace {r.repo}: branch {r.branch} stopped at topic {r.stopped_at}, "
-                    f"conflicts in {', '.join(r.conflict_files)}; resolve, `git add`, "
-                    "`git cherry-pick --continue`, then `qwen38build export`."
+                    f"Workspace {r.repo}: branch {r.branch} stopped at topic {r.stopped_at} "
+                    f"({len(r.done)} carried before it), conflicts in "
+                    f"{', '.join(r.conflict_files)}. In {r.repo}: resolve them, `git add`, "
+                    "`git cherry-pick --continue` (it goes on with the topics after it and "
+                    "stops at the next conflict), or `git cherry-pick --skip` to leave "
+                    f"{r.stopped_at} for later; then `qwen38build export {r.repo}` writes "
+                    "every finished topic and names the unfinished ones."
                 )
+            out.append(headers)
             if r.empty:
                 out.append(f"Empty after the carry (upstream has them): {', '.join(r.empty)}.")
             if r.skipped:
@@ -351,11 +364,19 @@ def next_step(p: PatchReport, refs: dict[str, str], most: int = 2) -> str:
     if p.outcome == "depends-on-failed":
         return f"fix {', '.join(p.depends_on)} first, then rebase it on that"
     files: dict[str, tuple[list[str], list[str]]] = {}
+    moved: dict[str, set[str]] = {}
     for h in p.failures:
         hunks, used = files.setdefault(h.file, ([], []))
         hunks.append(f"#{h.hunk}@{h.patch_line}")
         if h.upstream_diff in refs and refs[h.upstream_diff] not in used:
             used.append(refs[h.upstream_diff])
+        moved.setdefault(h.file, set()).add(h.moved_to.rsplit(":", 1)[0])
+
+    def where(f: str) -> str:  # every failing hunk of f found in one file new upstream
+        (to,) = moved[f] if len(moved[f]) == 1 else ("",)
+        return f" → moved upstream to {to}" if to else ""
+
     return ("rebase this hunk: " if len(p.failures) == 1 else "rebase these hunks: ") + places(
         [f"{f} {' '.join(hunks[:4])}" + (f" +{len(hunks) - 4}" if len(hunks) > 4 else "")
-         + (f" ({' '.join(used[:3])})" if used else "") for f, (hunks, used) in files.items()])
+         + (f" ({' '.join(used[:3])})" if used else "") + where(f)
+         for f, (hunks, used) in files.items()])

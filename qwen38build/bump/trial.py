@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qwen38build.bump import members
 from qwen38build.bump.report import (
     FAILED,
     HunkFailure,
@@ -20,20 +22,15 @@ from qwen38build.series.diff import HUNK_RE, FileDiff, Hunk
 from qwen38build.series.gnupatch import ApplyResult, run_patch, scratch_parent
 from qwen38build.series.lineage import Lineage
 from qwen38build.series.patchfile import PatchFile
-from qwen38build.wheels import wheelzip
-from qwen38build.workspace.workspace import PACKAGE
 
 # -- trees ------------------------------------------------------------------------------
 
 
-def _read_members(wheel: Path, rels: set[str]) -> tuple[dict[str, bytes | None], set[str]]:
-    """The package files ``rels`` of ``wheel`` (None where absent) and its package paths."""
-    prefix = f"{PACKAGE}/"
-    # Through the one member check: a wheel with an unsafe member is refused here too.
-    names = {n[len(prefix):] for n in wheelzip.member_infos(wheel) if n.startswith(prefix)}
-    files = {rel: (wheelzip.read(wheel, prefix + rel) if rel in names else None)
-             for rel in rels}
-    return files, names
+def _read_members(wheel: Path, rels: set[str], cache: Path | None = None
+                  ) -> tuple[dict[str, bytes | None], set[str]]:
+    """The package files ``rels`` of ``wheel`` (None where absent) and its package paths
+    (:mod:`.members`: kept in ``cache`` for the next bump)."""
+    return members.read_members(wheel, rels, cache)
 
 
 def _write_tree(root: Path, files: dict[str, bytes | None]) -> None:
@@ -63,7 +60,15 @@ def _find(have: list[str], want: list[str], near: int) -> int | None:
         return None
     n = len(want)
     first = want[0]
-    hits = [i for i in range(len(have) - n + 1) if have[i] == first and have[i:i + n] == want]
+    hits = []
+    i = -1
+    try:
+        while True:  # list.index finds each candidate first line in C
+            i = have.index(first, i + 1, len(have) - n + 1)
+            if have[i:i + n] == want:
+                hits.append(i)
+    except ValueError:
+        pass
     return min(hits, key=lambda i: abs(i + 1 - near)) if hits else None
 
 
@@ -88,23 +93,33 @@ def _gnu_by_file(result: ApplyResult) -> dict[str, _GnuFile]:
     return out
 
 
-def _diff_hunks(old: Path, new: Path) -> list[tuple[int, int, list[str]]]:
-    """The hunks of ``diff -U3 old new``: (old start, old count, lines with the @@ line).
+def _diff_hunks(old: Path, new: Path, names: dict[str, str]
+                ) -> dict[str, list[tuple[int, int, list[str]]]]:
+    """The hunks of ``diff -rN -U3 old new`` by file: (old start, old count, lines with the
+    @@ line); ``names`` maps each file name in the two folders to the path it stands for.
 
-    GNU diff, not difflib: on a 3,000-line file with a release's worth of changes difflib
-    takes a large part of a second, diff a few milliseconds.
+    One GNU diff for every file, not difflib: on a 3,000-line file with a release's worth
+    of changes difflib takes a large part of a second, diff a few milliseconds; and not a
+    diff per file: each process costs more than its diff.
     """
-    args = ["diff", "-U3", str(old) if old.exists() else "/dev/null",
-            str(new) if new.exists() else "/dev/null"]
-    proc = run(args, what="GNU diff", hint="install diffutils")
-    hunks: list[tuple[int, int, list[str]]] = []
+    proc = run(["diff", "-rN", "-U3", str(old), str(new)], what="GNU diff",
+               hint="install diffutils")
+    head = f"diff -rN -U3 {old}/"
+    out: dict[str, list[tuple[int, int, list[str]]]] = {}
+    hunks: list[tuple[int, int, list[str]]] | None = None
     for line in proc.stdout.split("\n"):
-        if m := HUNK_RE.match(line):
+        if line.startswith(head):
+            hunks = out.setdefault(names[line[len(head):].split(" ", 1)[0]], [])
+        elif hunks is None or (line.startswith(("--- ", "+++ ")) and not hunks):
+            continue  # a file's two header lines, before its first hunk
+        elif m := HUNK_RE.match(line):
             count = int(m.group(2)) if m.group(2) is not None else 1
             hunks.append((int(m.group(1)), count, [line]))
+        elif line.startswith("Binary files "):
+            hunks = None
         elif hunks and line:
             hunks[-1][2].append(line)
-    return hunks
+    return out
 
 
 def _upstream_diff(rel: str, hunks: list[tuple[int, int, list[str]]], lo: int, hi: int,
@@ -125,7 +140,8 @@ class _Trial:
     def __init__(self, tmp: Path, entries: list[SeriesEntry], patches: list[PatchFile],
                  old: dict[str, bytes | None], new: dict[str, bytes | None],
                  old_names: set[str], new_names: set[str], versions: tuple[str, str],
-                 root: Path) -> None:
+                 root: Path, read_new: Callable[[set[str]], dict[str, bytes | None]]
+                 ) -> None:
         self.work = tmp / "work"
         self.work.mkdir()
         _write_tree(self.work, new)
@@ -136,8 +152,11 @@ class _Trial:
         self.old_names, self.new_names = old_names, new_names
         self.versions = versions
         self.root = root
+        self.read_new = read_new  # more files of the new wheel, read when asked
+        self._added: dict[str, list[str]] | None = None
+        self._where: dict[str, list[tuple[str, int]]] = {}  # a line → (file, index) of each
         self._chain: Lineage | None = None
-        self._upstream: dict[str, list[tuple[int, int, list[str]]]] = {}
+        self._upstream: dict[str, list[tuple[int, int, list[str]]]] | None = None
         self.outcomes: list[Outcome] = []
 
     def chain(self, k: int) -> Lineage:
@@ -183,7 +202,8 @@ class _Trial:
                 p.unlink(missing_ok=True)
             else:
                 p.write_bytes(data)
-        if run_patch(pf.path, self.work, reverse=True, dry_run=True).ok:
+        if _may_reverse(pf, self.work) and run_patch(
+                pf.path, self.work, reverse=True, dry_run=True).ok:
             return PatchReport(name, file, "upstreamed")
         failures = self._failures(k, pf, _gnu_by_file(result))
         depends = tuple(dict.fromkeys(d for h in failures for d in h.depends_on))
@@ -195,19 +215,47 @@ class _Trial:
         return PatchReport(name, file, "conflict", failures=failures, depends_on=depends)
 
     def upstream_hunks(self, rel: str) -> list[tuple[int, int, list[str]]]:
-        """The old → new pristine diff of ``rel``, computed once."""
-        if rel not in self._upstream:
-            # Flat names: every directory made here costs a mkdir and an rmdir.
-            flat = rel.replace("/", "%")
-            sides = []
-            for side, files in (("old", self.old), ("new", self.new)):
-                p = self.tmp / f"{side}%{flat}"
-                data = files.get(rel)
-                if data is not None:
-                    p.write_bytes(data)
-                sides.append(p)
-            self._upstream[rel] = _diff_hunks(*sides)
-        return self._upstream[rel]
+        """The old → new pristine diff of ``rel``; every touched file's, at the first ask,
+        by one GNU diff of two flat folders (a file per touched path that changed)."""
+        if self._upstream is None:
+            sides = (self.tmp / "upstream-old", self.tmp / "upstream-new")
+            for d in sides:
+                d.mkdir()
+            names: dict[str, str] = {}
+            for path in sorted(self.old.keys() | self.new.keys()):
+                a, b = self.old.get(path), self.new.get(path)
+                if a == b:
+                    continue
+                name = str(len(names))
+                names[name] = path
+                for d, data in zip(sides, (a, b), strict=True):
+                    if data is not None:
+                        (d / name).write_bytes(data)
+            self._upstream = _diff_hunks(*sides, names) if names else {}
+        return self._upstream.get(rel, [])
+
+    def moved_code(self, rel: str, hunk: Hunk) -> str:
+        """``path:line`` of a file new upstream that holds the whole old side of ``hunk``
+        (three lines at least) where the new ``rel`` no longer does: upstream moved the
+        code there (0.33.0 split v1/core/kv_cache_utils.py so); else ""."""
+        want = hunk.old_lines
+        if sum(1 for ln in want if ln.strip()) < 3 or _find(
+                _lines(self.new.get(rel)), want, hunk.old_start) is not None:
+            return ""
+        if self._added is None:  # the .py files new upstream, read once, only when asked
+            added = {n for n in self.new_names - self.old_names if n.endswith(".py")}
+            self._added = {n: _lines(d) for n, d in self.read_new(added).items()}
+            keys = {h.old_lines[_key(h.old_lines)] for pf in self.patches for fd in pf.files
+                    for h in fd.hunks if h.old_lines}
+            for path, lines in sorted(self._added.items()):
+                for j, line in enumerate(lines):
+                    if line in keys:
+                        self._where.setdefault(line, []).append((path, j))
+        k = _key(want)
+        hits = sorted((path, abs(j - k + 1 - hunk.old_start), j - k)
+                      for path, j in self._where.get(want[k], [])
+                      if j >= k and self._added[path][j - k:j - k + len(want)] == want)
+        return f"{hits[0][0]}:{hits[0][2] + 1}" if hits else ""
 
     def _moved(self, rel: str) -> list[str]:
         name = rel.rsplit("/", 1)[-1]
@@ -291,13 +339,46 @@ class _Trial:
         likely = found is not None and found.likely
         if found is not None and found.likely:
             note += f"; likely upstreamed: {found.note}"
+        moved = self.moved_code(rel, hunk) if hunk is not None and not likely else ""
+        if moved:
+            note += (f"; its lines are now in {moved}, a file new in {self.versions[1]}: "
+                     "upstream moved the code, so the hunk goes to that file")
         return HunkFailure(
             file=fd.path, hunk=i + 1, patch_line=hunk.patch_line if hunk else fd.patch_line,
             note=note, upstream_diff=upstream, depends_on=tuple(dict.fromkeys(depends)),
             evidence=found.note if found and likely else "",
             similarity=round(found.similarity, 3) if found and uhunks else None,
             side_by_side=found.side_by_side if found and likely else "",
+            moved_to=moved,
         )
+
+
+def _key(lines: list[str]) -> int:
+    """The index of the most telling line of ``lines`` (the longest; the first of those)."""
+    return max(range(len(lines)), key=lambda i: len(lines[i]))
+
+
+def _may_reverse(pf: PatchFile, work: Path) -> bool:
+    """False when ``pf`` certainly does not reverse-apply at fuzz 0 to the tree in ``work``:
+    a hunk's new side (its context and added lines) is nowhere in its file, so GNU patch
+    need not be asked. Anything this does not model (a new or deleted file, a rename, a
+    binary diff, a missing newline at the end, a file not there, two diffs of one file)
+    is left to GNU patch."""
+    if len({fd.path for fd in pf.files}) != len(pf.files):
+        return True
+    for fd in pf.files:
+        if fd.binary or fd.old_path != fd.new_path or fd.old_path is None:
+            return True
+        data = _read(work / fd.path)
+        if data is None:
+            return True
+        have = _lines(data)
+        for hunk in fd.hunks:
+            if any(ln.startswith("\\") for ln in hunk.lines):
+                return True
+            if hunk.new_lines and _find(have, hunk.new_lines, hunk.new_start) is None:
+                return False
+    return True
 
 
 def _runs(lines: list[str], skip: list[bool]) -> list[list[str]]:
@@ -313,17 +394,22 @@ def _runs(lines: list[str], skip: list[bool]) -> list[list[str]]:
 
 
 def try_series(
-    loaded: LoadedRecipe, old_wheel: Path, new_wheel: Path, versions: tuple[str, str]
+    loaded: LoadedRecipe, old_wheel: Path, new_wheel: Path, versions: tuple[str, str],
+    caches: tuple[Path, Path] | None = None,
 ) -> list[PatchReport]:
-    """Classify every series entry against ``new_wheel`` (the old one for context)."""
+    """Classify every series entry against ``new_wheel`` (the old one for context);
+    ``caches``: where to keep what is read of each wheel (:mod:`.members`)."""
     entries = loaded.series_entries()
     patches = [PatchFile.parse(e.path) for e in entries]
     touched: set[str] = set()
     for pf in patches:
         touched.update(pf.touched_paths)
-    old, old_names = _read_members(old_wheel, touched)
-    new, new_names = _read_members(new_wheel, touched)
+    old, old_names = _read_members(old_wheel, touched, caches[0] if caches else None)
+    new, new_names = _read_members(new_wheel, touched, caches[1] if caches else None)
     with tempfile.TemporaryDirectory(prefix="q38-bump.", dir=scratch_parent()) as tmp:
+        def read_new(rels: set[str]) -> dict[str, bytes | None]:
+            return _read_members(new_wheel, rels, caches[1] if caches else None)[0]
+
         trial = _Trial(Path(tmp), entries, patches, old, new, old_names, new_names, versions,
-                       loaded.root)
+                       loaded.root, read_new)
         return trial.run()

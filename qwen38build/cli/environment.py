@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from qwen38build.cli import stages
@@ -45,9 +46,12 @@ def cmd_env(args: argparse.Namespace) -> int:
 
     made = make(stages.load_recipe(args), stages.open_store(args), Path(args.dir),
                 python=args.python, offline=args.offline)  # UV_OFFLINE reaches uv by itself
+    if made.note:
+        print(f"note: {made.note}", file=sys.stderr)
     stages.emit(args, {"env": str(made.dest), "python": made.python,
+                "python_version": made.python_version, "note": made.note,
                 "site_packages": str(made.site_packages), "locked_packages": made.packages,
                 "wheels": list(made.wheels)},
-         f"env {made.dest}: {made.packages} locked package(s) and {', '.join(made.wheels)}; "
-         f"verified {made.site_packages}")
+         f"env {made.dest} (Python {made.python_version}): {made.packages} locked package(s) "
+         f"and {', '.join(made.wheels)}; verified {made.site_packages}")
     return ExitCode.OK

@@ -1,19 +1,22 @@
 """The stack's Python environment, locked with hashes by uv into ``lock/pylock.toml``.
 
 What is locked: the pinned vLLM wheel's runtime requirements (its METADATA ``Requires-Dist``
-for the recipe's Python and platform), what pthfa needs at run time (CuPy for the recipe's
-CUDA major) and torch as the recipe names it, for the recipe's Python and platform
-(``[environment] platform``, else the vLLM wheel's). uv (a pinned dependency of this
-package) writes a PEP 751 ``pylock.toml`` of wheels only: making the environment never
-builds from source. Beside it, ``lock/pylock.inputs.json`` records what the lock was
-made from and the lock file's sha256, so that ``check`` tells a stale or edited lock without
-network. A torch that the pin's own requirements exclude is refused before uv runs.
+with no extra), what pthfa needs at run time (CuPy for the recipe's CUDA major) and torch as
+the recipe names it, for every Python the pin supports (:mod:`.universal`: one lock with
+markers, so ``env`` works with any of them) on the target platform (``[environment]
+platform``, else the vLLM wheel's). uv (a pinned dependency of this package) writes a PEP
+751 ``pylock.toml`` of wheels only, with a wheel for every package on every covered Python:
+making the environment never builds from source. Beside it, ``lock/pylock.inputs.json``
+records what the lock was made from and the lock file's sha256, so that ``check`` tells a
+stale or edited lock without network. A torch that the pin's own requirements exclude is
+refused before uv runs.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 import tempfile
 import tomllib
 from dataclasses import dataclass, field
@@ -22,22 +25,28 @@ from typing import TypedDict
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from qwen38build.digest import sha256_bytes, sha256_file, sha256_json
 from qwen38build.errors import InputError, LockError, Qwen38BuildError
 from qwen38build.files import atomic_write
 from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.recipe import LoadedRecipe
+from qwen38build.pinning import universal
 from qwen38build.proc import inherited, run
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from email.message import Message
 
 PYLOCK = "pylock.toml"
 INPUTS = "pylock.inputs.json"
-FORMAT = 2  # 2: wheels only (--only-binary :all:)
+FORMAT = 3  # 2: wheels only (--only-binary :all:); 3: and every Python the pin supports
 HEADER = (
     "# The Python environment of the stack, locked with hashes by `qwen38build lock`\n"
-    "# (uv pip compile). Do not edit: lock/pylock.inputs.json records what it was locked\n"
-    "# from and this file's sha256, and `qwen38build lock --check` compares both.\n"
+    "# (uv lock, for every Python the pin supports). Do not edit: lock/pylock.inputs.json\n"
+    "# records what it was locked from and this file's sha256, and\n"
+    "# `qwen38build lock --check` compares both.\n"
 )
 _MANYLINUX = re.compile(r"^manylinux_(\d+)_(\d+)_(x86_64|aarch64)$")
 
@@ -70,15 +79,7 @@ def uv_platform(platform_tag: str) -> str:
 
 def marker_env(python: str, platform_tag: str) -> dict[str, str]:
     """The PEP 508 marker values of the target (not of this machine)."""
-    machine = uv_platform(platform_tag).split("-", 1)[0]
-    full = python if python.count(".") >= 2 else f"{python}.0"
-    return {
-        "python_version": ".".join(python.split(".")[:2]), "python_full_version": full,
-        "implementation_name": "cpython", "implementation_version": full,
-        "platform_python_implementation": "CPython", "sys_platform": "linux",
-        "platform_system": "Linux", "os_name": "posix", "platform_machine": machine,
-        "platform_release": "", "platform_version": "", "extra": "",
-    }
+    return universal.marker_values(python, uv_platform(platform_tag).split("-", 1)[0])
 
 
 def cupy_requirement(cuda: str) -> str:
@@ -90,8 +91,13 @@ def cupy_requirement(cuda: str) -> str:
 # -- the pin's requirements ----------------------------------------------------------------
 
 
-def requires_dist(wheel: Path) -> list[str]:
-    """The ``Requires-Dist`` lines of the wheel's METADATA, in order."""
+def requires_dist(meta: Message) -> list[str]:
+    """The ``Requires-Dist`` lines of a wheel's METADATA, in order."""
+    return [str(v) for v in meta.get_all("Requires-Dist") or []]
+
+
+def metadata(wheel: Path) -> Message:
+    """The wheel's METADATA headers."""
     from email.parser import BytesHeaderParser
 
     from qwen38build.wheels.wheelzip import open_wheel
@@ -102,19 +108,20 @@ def requires_dist(wheel: Path) -> list[str]:
     if len(names) != 1:
         raise InputError(f"{wheel.name}: holds {len(names)} dist-info METADATA files, "
                          "not one.")
-    meta = BytesHeaderParser().parsebytes(z.read(names[0]))
-    return [str(v) for v in meta.get_all("Requires-Dist") or []]
+    return BytesHeaderParser().parsebytes(z.read(names[0]))
 
 
-def runtime_requirements(lines: list[str], env: dict[str, str], where: str) -> list[Requirement]:
-    """The requirements that apply on the target with no extra selected."""
+def runtime_requirements(lines: list[str], envs: list[dict[str, str]], where: str
+                         ) -> list[Requirement]:
+    """The requirements that apply on one of the targets ``envs`` with no extra selected
+    (their markers kept: uv decides per Python)."""
     out = []
     for line in lines:
         try:
             req = Requirement(line)
         except InvalidRequirement as exc:
             raise InputError(f"{where}: Requires-Dist {line!r} is not valid: {exc}.") from exc
-        if req.marker is None or req.marker.evaluate(env):
+        if req.marker is None or any(req.marker.evaluate(env) for env in envs):
             out.append(req)
     return out
 
@@ -160,12 +167,13 @@ def required_version(req: Requirement) -> str | None:
 
 
 class LockInputs(TypedDict):
-    """What the environment lock is made from (``pylock.inputs.json``)."""
+    """What the environment lock is made from (``pylock.inputs.json``). The Pythons it
+    covers are the pin's (its METADATA, fixed by ``vllm_sha256``); ``check`` asks that the
+    recipe's is one of them."""
 
     format: int
     vllm: str
     vllm_sha256: str
-    python: str
     platform: str
     torch: str
     cuda: str
@@ -182,7 +190,6 @@ def inputs(loaded: LoadedRecipe, entry: lockmod.LockedWheel, torch: str | None =
         "format": FORMAT,
         "vllm": f"{entry.name}=={entry.version}",
         "vllm_sha256": entry.sha256,
-        "python": tc.python,
         "platform": target_platform(loaded, entry),
         "torch": torch,
         "cuda": tc.cuda,
@@ -210,11 +217,27 @@ def target_platform(loaded: LoadedRecipe, entry: lockmod.LockedWheel) -> str:
     return env.platform if env is not None else entry.platform_tag
 
 
-def pin_requirements(loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path
-                     ) -> list[Requirement]:
-    """The runtime requirements of the pinned ``wheel`` on the recipe's target."""
-    env = marker_env(loaded.recipe.toolchain.python, target_platform(loaded, entry))
-    return runtime_requirements(requires_dist(wheel), env, f"{entry.filename} METADATA")
+def pythons(loaded: LoadedRecipe, entry: lockmod.LockedWheel, meta: Message) -> list[str]:
+    """The Pythons the lock covers: those the pin supports (its METADATA ``meta``), the
+    recipe's among them."""
+    found = universal.supported_pythons(meta, loaded.recipe.toolchain.python)
+    python = ".".join(loaded.recipe.toolchain.python.split(".")[:2])
+    if python not in found:
+        raise LockError(
+            f"{loaded.path}: [toolchain] python = \"{python}\" is not a Python "
+            f"{entry.name} {entry.version} supports ({', '.join(found)}, from its METADATA); "
+            "set one of them in [toolchain].")
+    return found
+
+
+def pin_requirements(loaded: LoadedRecipe, entry: lockmod.LockedWheel, wheel: Path,
+                     meta: Message | None = None) -> list[Requirement]:
+    """The runtime requirements of the pinned ``wheel`` (its METADATA ``meta``, read from it
+    when not given) on the target, for any Python it supports (markers kept)."""
+    meta = meta if meta is not None else metadata(wheel)
+    platform = target_platform(loaded, entry)
+    envs = [marker_env(p, platform) for p in pythons(loaded, entry, meta)]
+    return runtime_requirements(requires_dist(meta), envs, f"{entry.filename} METADATA")
 
 
 def compute(
@@ -225,23 +248,36 @@ def compute(
     ``torch`` overrides the recipe's (bump moves it to what a new pin requires); without
     it a recipe torch that the pin excludes is refused before uv runs.
     """
-    tc = loaded.recipe.toolchain
     pin = f"{entry.name} {entry.version}"
-    reqs = pin_requirements(loaded, entry, wheel)
+    meta = metadata(wheel)
+    covered = pythons(loaded, entry, meta)
+    reqs = pin_requirements(loaded, entry, wheel, meta)
     if torch is None:
         check_torch(loaded, pin, reqs)
     spec = inputs(loaded, entry, torch)
     lines = [str(r) for r in reqs] + list(spec["extra"])
+    platform = target_platform(loaded, entry)
+    machine = uv_platform(platform).split("-", 1)[0]
+    # uv lock needs an interpreter of the covered range: this one where it is in it
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    python = ["--python", sys.executable] if here in covered else []
+    what = f"lock the Python environment of {pin}"
     with tempfile.TemporaryDirectory(prefix="q38-envlock.") as tmp:
-        req_in = Path(tmp) / "requirements.in"
-        req_in.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+        (Path(tmp) / "pyproject.toml").write_text(
+            universal.project(lines, covered, machine), encoding="utf-8")
         out = Path(tmp) / PYLOCK
-        uv(["pip", "compile", str(req_in), "--python-version", tc.python,
-            "--python-platform", uv_platform(target_platform(loaded, entry)),
-            "--format", "pylock.toml", "--generate-hashes", "--only-binary", ":all:",
-            "--no-header", "--quiet", "--no-python-downloads", "-o", str(out)],
-           what=f"lock the Python environment of {pin}")
-        body = out.read_text(encoding="utf-8")
+        common = ["--project", tmp, "--no-python-downloads", "--quiet"]
+        uv(["lock", *common, *python], what=what)
+        uv(["export", *common, "--frozen", "--format", "pylock.toml", "--no-emit-project",
+            "--no-header", "-o", str(out)], what=what)
+        body = universal.wheels_only(out.read_text(encoding="utf-8"))
+    missing = universal.gaps(body, covered, platform)
+    if missing:
+        raise LockError(
+            f"{what}: no wheel for {platform} of {'; '.join(missing[:8])}"
+            f"{' and more' if len(missing) > 8 else ''}; the environment is never built "
+            "from source.", hint="pin a version that has one (a constraint in the pin's "
+            "requirements), or change [environment] platform")
     return Locked(HEADER + body, spec, lines)
 
 
@@ -297,7 +333,12 @@ def check(loaded: LoadedRecipe) -> Path:
             f"{path}: its content changed since it was locked (sha256 {now[:16]}…, "
             f"{side.name} records {sha[:16]}…); {redo}."
         )
-    packages_of(read_text(path), str(path))
+    text = read_text(path)
+    packages_of(text, str(path))
+    python = loaded.recipe.toolchain.python
+    if not universal.covered(text).contains(python, prereleases=True):
+        raise LockError(f"{path}: stale: it covers Python {universal.covered(text)}, and "
+                        f"{loaded.path.name} [toolchain] python is {python}; {redo}.")
     entry = locked_vllm(loaded, lockmod.read(root))
     want: dict[str, object] = dict(inputs(loaded, entry))
     moved = [f"{k} {recorded.get(k)!r} → {want.get(k)!r}"
@@ -320,9 +361,24 @@ def read_text(path: Path) -> str:
                         ) from None
 
 
-def packages_of(text: str, where: str) -> dict[str, str]:
-    """name → version of every package of a pylock.toml; every artifact must carry a hash.
-    Any other shape (``packages`` as a table, ``wheels = "x"``) is a LockError."""
+_PACKAGE = re.compile(r'^\[\[packages\]\]\nname = "([^"\\]+)"\nversion = "([^"\\]+)"\n'
+                      r'(?:marker = "([^"\\]*)"\n)?', re.M)
+
+
+def versions(text: str, where: str, env: dict[str, str]) -> dict[str, str]:
+    """:func:`packages_of` for ``env``, by a scan of uv's own layout (a bump compares two
+    300 KB locks; TOML parsing is most of that); any other layout is parsed in full."""
+    found = _PACKAGE.findall(text)
+    if len(found) != text.count("[[packages]]") or not found:
+        return packages_of(text, where, env)
+    return {canonicalize_name(name): version for name, version, marker in found
+            if not marker or universal.applies({"marker": marker}, env)}
+
+
+def packages_of(text: str, where: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """name → version of every package of a pylock.toml (of those whose marker holds in
+    ``env``, when given); every artifact must carry a hash. Any other shape (``packages``
+    as a table, ``wheels = "x"``) is a LockError."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -348,56 +404,9 @@ def packages_of(text: str, where: str) -> dict[str, str]:
         if not artifacts or any(not isinstance(a.get("hashes"), dict) or not a["hashes"]
                                 for a in artifacts):
             raise LockError(f"{where}: packages[{i}] ({name}) has a file without a hash.")
-        out[canonicalize_name(name)] = version
+        if env is None or universal.applies(pkg, env):
+            out[canonicalize_name(name)] = version
     return out
-
-
-@dataclass(frozen=True)
-class EnvMove:
-    """What moved between two environment locks."""
-
-    changed: tuple[tuple[str, str, str], ...]  # name, old, new
-    added: tuple[tuple[str, str], ...]
-    removed: tuple[tuple[str, str], ...]
-    unchanged: int
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "changed": [{"name": n, "from": a, "to": b} for n, a, b in self.changed],
-            "added": [{"name": n, "version": v} for n, v in self.added],
-            "removed": [{"name": n, "version": v} for n, v in self.removed],
-            "unchanged": self.unchanged,
-        }
-
-    def lines(self) -> list[str]:
-        out = [f"- {n} {a} → {b}" for n, a, b in self.changed]
-        out += [f"- added {n} {v}" for n, v in self.added]
-        out += [f"- removed {n} {v}" for n, v in self.removed]
-        return [*out, f"- {self.unchanged} package(s) unchanged"]
-
-
-_FIRST = ("torch", "triton")
-
-
-def _order(name: str) -> tuple[int, str]:
-    return (_FIRST.index(name) if name in _FIRST else len(_FIRST), name)
-
-
-def diff(old: dict[str, str], new: dict[str, str]) -> EnvMove:
-    """Packages whose version moved (torch and triton first), added and removed."""
-    changed = tuple((n, old[n], new[n]) for n in sorted(old.keys() & new.keys(), key=_order)
-                    if _version_key(old[n]) != _version_key(new[n]))
-    added = tuple((n, new[n]) for n in sorted(new.keys() - old.keys(), key=_order))
-    removed = tuple((n, old[n]) for n in sorted(old.keys() - new.keys(), key=_order))
-    same = len(old.keys() & new.keys()) - len(changed)
-    return EnvMove(changed, added, removed, same)
-
-
-def _version_key(v: str) -> Version | str:
-    try:
-        return Version(v)
-    except InvalidVersion:
-        return v
 
 
 # -- uv ----------------------------------------------------------------------------------------

@@ -1,0 +1,107 @@
+"""What the walk of the real 0.32.0 → 0.33.0 bump found misleading, each held: the stopped
+carry names the workspace for `export` and says what `--continue` and `--skip` do, and a
+hunk whose lines upstream moved into a new file says which file and line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qwen38build.bump import bump
+from qwen38build.bump.report import next_step
+from tests.bump_fixtures import NEW, PIN, Project, make_project, make_wheel, numbered
+from tests.test_bump import SERIES, two_pins
+
+A = numbered("a")  # "a line 1" ... as the other bump tests write their files
+
+
+def test_a_stopped_carry_names_the_workspace_to_export_and_what_continue_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = two_pins(tmp_path, monkeypatch, SERIES)
+    ws = tmp_path / "ws"
+    report = bump.bump(p.loaded(), p.store, NEW, rebase=ws)
+    text = report.to_screen()
+    assert f"`qwen38build export {ws}`" in text  # before: `qwen38build export`, no folder
+    assert "stopped at topic conflict-c (3 carried before it)" in text
+    assert "`git cherry-pick --skip` to leave conflict-c for later" in text
+    assert "stops at the next conflict" in text
+    # the walk: export kept `Cut-against: 0.0.1` and the lint refused every exported topic
+    assert f"start it with {NEW} in every topic carried onto it" in text
+
+
+def moved_pins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
+    """a.py's lines 5 to 30 move, as they are, into a new file, planning.py; the patch
+    changes line 10 of a.py."""
+    lines = A.splitlines(keepends=True)
+    kept = "".join([*lines[:4], "from vllm.planning import *\n", *lines[30:]])
+    moved = "# split out of a.py\n" + "".join(lines[4:30])
+    wheels = tmp_path / "wheels"
+    old = make_wheel(wheels, PIN, {"__init__.py": "", "a.py": A})
+    make_wheel(wheels, NEW, {"__init__.py": "", "a.py": kept, "planning.py": moved})
+    p = make_project(tmp_path, old, ["edit-a"])
+    monkeypatch.setenv("QWEN38BUILD_SOURCES", str(wheels))
+    p.patch("patches", "edit-a", [("a.py", A, A.replace("a line 10\n", "a line 10 ours\n"))])
+    return p
+
+
+def test_a_hunk_whose_lines_moved_to_a_new_file_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = moved_pins(tmp_path, monkeypatch)
+    report = bump.bump(p.loaded(), p.store, NEW)
+    (got,) = report.patches
+    assert got.outcome == "conflict"
+    (h,) = got.failures
+    # "a line 7" is line 4 of planning.py (a comment line, then a.py's lines 5 on)
+    assert h.moved_to == "planning.py:4"
+    assert f"its lines are now in planning.py:4, a file new in {NEW}" in h.note
+    step = next_step(got, report.upstream_refs())
+    assert step.endswith("→ moved upstream to planning.py")
+
+
+def test_a_hunk_whose_lines_are_gone_is_not_said_to_have_moved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = two_pins(tmp_path, monkeypatch, ["conflict-c"])
+    (got,) = bump.bump(p.loaded(), p.store, NEW).patches
+    assert got.outcome == "conflict"
+    assert [h.moved_to for h in got.failures] == [""]
+    assert "moved upstream" not in next_step(got, {})
+
+
+def test_a_real_bump_that_leaves_conflicts_says_it_moved_the_pin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The walk: `bump vllm X --rebase DIR` re-pinned recipe and lock, then ended with
+    "some patches do not carry over" and exit 1, and nothing on screen said the pin moved."""
+    p = two_pins(tmp_path, monkeypatch, ["conflict-c"])
+    report = bump.bump(p.loaded(), p.store, NEW, dry_run=False)
+    assert f'version = "{NEW}"' in (p.root / "recipe.toml").read_text()
+    assert report.headline().endswith(
+        f"(recipe.toml and lock/ now pin {NEW}; `build` needs every patch to apply)")
+    dry = bump.bump(p.loaded(), p.store, NEW)  # now from NEW to NEW: nothing moves
+    assert "dry run: recipe and lock untouched" in dry.headline()
+
+
+def test_every_stop_of_the_carry_shows_the_base_of_its_conflicts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The walk: the first stop showed diff3 conflicts (with the base), but the stops that
+    `git cherry-pick --continue` reached showed two sides only: the style was given to the
+    first git command alone."""
+    import subprocess
+
+    p = two_pins(tmp_path, monkeypatch, ["conflict-c", "base-f"])
+    ws = tmp_path / "ws"
+    r = bump.bump(p.loaded(), p.store, NEW, rebase=ws).rebase
+    assert r is not None and r.stopped_at == "conflict-c"
+    assert "|||||||" in (ws / "vllm" / "c.py").read_text()
+    (ws / "vllm" / "c.py").write_text(numbered("c").replace("c line 10\n", "c line 10 both\n"))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GIT_EDITOR": "true"}
+    subprocess.run(["git", "add", "vllm/c.py"], cwd=ws, check=True, env=env)
+    cont = subprocess.run(["git", "cherry-pick", "--continue"], cwd=ws, env=env, check=False,
+                          capture_output=True, text=True)
+    assert cont.returncode != 0 and "f.py" in cont.stdout + cont.stderr  # the next stop
+    assert "|||||||" in (ws / "vllm" / "f.py").read_text()
