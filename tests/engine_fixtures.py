@@ -147,7 +147,7 @@ repository = "https://example.invalid/flash-attention"
 commit = "0123456789abcdef0123456789abcdef01234567"
 
 [sources.cutlass]
-repository = "https://github.com/NVIDIA/cutlass"
+repository = "https://example.invalid/cutlass"
 commit = "89abcdef0123456789abcdef0123456789abcdef"
 
 [pthfa]

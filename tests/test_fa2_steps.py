@@ -226,3 +226,25 @@ def test_a_cache_serves_fa2_and_a_kernels_machine_fetches_only_its_wheel(
         held = {json.loads(p.read_text())["derivation"]["kind"]
                 for p in (store_b / "objects").glob("*.json")}
         assert held == {"fa2-wheel"}
+
+
+def test_lock_pins_what_it_can_reach_and_leaves_the_rest_declared(
+        fa2: Project, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A tree no mirror holds and no origin serves stays unpinned with a warning (KVarN's
+    case): the lock is still written and checks clean, and plan shows FA2 as declared."""
+    from qwen38build.pinning.sources import check_lock
+
+    recipe = fa2.root / "recipe.toml"
+    old = lockmod.read_trees(fa2.root)["flash-attention"].commit
+    recipe.write_text(recipe.read_text().replace(old, "f" * 40))
+    said: list[str] = []
+    trees = pin_trees(load(recipe), say=said.append)
+    assert [t.name for t in trees] == ["cutlass"]  # kept as locked: nothing re-fetched
+    assert len(said) == 1 and said[0].startswith("warning: source flash-attention not pinned")
+    assert "no mirror holds ffffffff" in said[0]
+    lockmod.write(fa2.root, list(lockmod.read(fa2.root).values()), trees)
+    check_lock(load(recipe))
+    capsys.readouterr()
+    assert fa2.run("plan", "--json") == 0
+    declared = {d["name"]: d["status"] for d in json.loads(capsys.readouterr().out)["declared"]}
+    assert "source 'flash-attention' is not locked" in declared["fa2"]

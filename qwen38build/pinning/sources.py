@@ -12,7 +12,7 @@ from qwen38build.engine.executor import realise
 from qwen38build.engine.fetch import wheel_in_store
 from qwen38build.engine.plan import fetch_step
 from qwen38build.engine.report import Reporter
-from qwen38build.errors import LockError
+from qwen38build.errors import FetchError, LockError
 from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.lock import locked_vllm
 from qwen38build.inputs.recipe import LoadedRecipe
@@ -29,6 +29,8 @@ def check_lock(loaded: LoadedRecipe) -> None:
     toolchain.locked_toolchain(loaded, locked)
     trees = lockmod.read_trees(loaded.root)
     for name in loaded.recipe.sources:
+        if name not in trees:
+            continue  # not obtainable when locked: what needs it is declared, not built
         why = lockmod.tree_mismatch(loaded, name, trees.get(name))
         if why is not None:
             raise LockError(f"{lockmod.lock_path(loaded.root)}: the lock does not match "
@@ -53,7 +55,14 @@ def pin_trees(loaded: LoadedRecipe, *, say: Callable[[str], None] = lambda _: No
         request = TreeRequest(name, spec.repository, spec.commit, tuple(spec.paths),
                               spec.archive, want=None)
         with tempfile.TemporaryDirectory(prefix="q38-tree.") as tmp:
-            got = obtain(request, loaded.mirrors(), Path(tmp), offline=offline_env(), say=say)
+            try:
+                got = obtain(request, loaded.mirrors(), Path(tmp), offline=offline_env(),
+                             say=say)
+            except FetchError as exc:
+                # A source nobody can reach from here (KVarN's, say) is not an error of the
+                # lock: it stays unlocked, and plan shows what needs it as declared.
+                say(f"warning: source {name} not pinned: {exc.message}")
+                continue
         say(f"pinned source {name} ({spec.commit[:12]}): tree {got.tree_sha256[:16]}… "
             f"from {got.origin}")
         out.append(lockmod.LockedTree(name, spec.repository, spec.commit, tuple(spec.paths),
@@ -65,17 +74,24 @@ def relock(loaded: LoadedRecipe, store: Store) -> Path:
     """Fetch the pinned wheel and the toolchain's through pip and write lock/ with each
     one's sha256 and size."""
     entries = pin_sources(loaded, store)
-    return lockmod.write(loaded.root, entries, pin_trees(loaded))
+    return lockmod.write(loaded.root, entries, pin_trees(loaded, say=_warn))
 
 
 def lock_all(loaded: LoadedRecipe, store: Store) -> tuple[Path, Path]:
     """``lock``: pin the sources and lock the environment, then write both, so a refusal
     of either (a torch the pin excludes, an index that fails) leaves lock/ as it was."""
     entries = pin_sources(loaded, store)
-    trees = pin_trees(loaded)
     entry = locked_vllm(loaded, {e.name: e for e in entries})
     env = pylock.compute(loaded, entry, wheel_in_store(loaded, store, entry))
+    trees = pin_trees(loaded, say=_warn)
     return lockmod.write(loaded.root, entries, trees), pylock.write(loaded.root, env)
+
+
+def _warn(message: str) -> None:
+    """Where a tree came from, or why it stays unpinned: on stderr, as progress is."""
+    import sys
+
+    print(message, file=sys.stderr)
 
 
 def pin_sources(loaded: LoadedRecipe, store: Store) -> list[lockmod.LockedWheel]:
