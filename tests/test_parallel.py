@@ -92,3 +92,17 @@ def test_a_bad_number_of_jobs_is_bad_input(
     assert project.run("build", "--no-link", "-q") == 0
     assert project.run("build", "--no-link", "-q", *jobs) == 2
     assert capsys.readouterr().err.startswith("error: command line:")
+
+
+def test_a_relative_store_path_builds_the_kernels(
+        stack: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--store rel``: the toolchain's nvcc runs from a scratch folder, where a path
+    relative to the caller's folder would name nothing; the store is made absolute once."""
+    from qwen38build.cli import main
+
+    rc = main(["--recipe", str(stack.root / "recipe.toml"), "--store", "rel-store",
+               "build", "--only", "pthfa", "--json", "-q", "--no-link"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    result = Path(json.loads(out.out)["result"])
+    assert result.is_absolute() and result.is_relative_to(stack.root / "rel-store")

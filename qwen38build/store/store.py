@@ -73,6 +73,9 @@ class Store:
     """A store rooted at ``root``; created on first write, never written outside it."""
 
     def __init__(self, root: Path) -> None:
+        # Absolute, once: an entry's paths reach programs that run in other folders (nvcc
+        # in a scratch folder), where a relative store path would name nothing.
+        root = Path(os.path.abspath(root))
         self.root = root
         self.objects = root / "objects"
         self.sources = root / "sources"
