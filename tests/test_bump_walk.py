@@ -21,14 +21,22 @@ def test_a_stopped_carry_names_the_workspace_to_export_and_what_continue_does(
 ) -> None:
     p = two_pins(tmp_path, monkeypatch, SERIES)
     ws = tmp_path / "ws"
-    report = bump.bump(p.loaded(), p.store, NEW, rebase=ws)
+    report = bump.bump(p.loaded(), p.store, NEW, rebase=ws, dry_run=False)
     text = report.to_screen()
     assert f"`qwen38build export {ws}`" in text  # before: `qwen38build export`, no folder
     assert "stopped at topic conflict-c (3 carried before it)" in text
     assert "`git cherry-pick --skip` to leave conflict-c for later" in text
     assert "stops at the next conflict" in text
-    # the walk: export kept `Cut-against: 0.0.1` and the lint refused every exported topic
-    assert f"start it with {NEW} in every topic carried onto it" in text
+    # the walk: export kept `Cut-against: 0.0.1` and the lint refused every exported topic;
+    # now export starts the header with the pin the hunks are cut on
+    assert f"`Cut-against:` header with {NEW}" in text
+    from qwen38build.series.patchfile import PatchFile
+    from qwen38build.workspace.workspace import export_topics
+
+    done = export_topics(p.loaded(), ws)
+    assert done.changed and "conflict-c" in done.unfinished
+    for path in done.changed:
+        assert PatchFile.parse(path).headers["Cut-against"].startswith(NEW), path
 
 
 def moved_pins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:

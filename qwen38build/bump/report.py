@@ -297,9 +297,9 @@ class BumpReport:
         if self.rebase is not None:
             r = self.rebase
             out.append("")
-            headers = (f"Export keeps each patch's `Cut-against:` header: start it with "
-                       f"{self.new_version} in every topic carried onto it (the lint refuses "
-                       f"{self.old_version} once the recipe pins {self.new_version}).")
+            headers = (f"Export starts each exported patch's `Cut-against:` header with "
+                       f"{self.new_version}, the pin its hunks are now cut on; the rest of "
+                       "the header (what upstream has) is yours to update.")
             if r.ok:
                 out.append(f"Workspace {r.repo}: branch {r.branch} carries every topic; "
                            f"`qwen38build export {r.repo}` writes the patch files.")

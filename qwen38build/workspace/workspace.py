@@ -32,6 +32,7 @@ marker commit aside, differs from the workspace.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -314,9 +315,17 @@ def topic_trees(
     return out
 
 
-def render(topic: Topic, diff: str, commit: str) -> str:
-    """The patch file's text: the commit body, the marker, the diff."""
-    return topic.commit.body + marker_for(commit, topic.entry.topic) + "\n" + diff
+def render(topic: Topic, diff: str, commit: str, pin: str | None = None) -> str:
+    """The patch file's text: the commit body, the marker, the diff. With ``pin`` (the
+    version the workspace's hunks are cut on), a ``Cut-against:`` header that starts with
+    another version starts with ``pin`` instead: after a bump the hunks are the new pin's."""
+    body = topic.commit.body
+    if pin is not None:
+        body = _CUT_AGAINST.sub(lambda m: m.group(1) + pin, body, count=1)
+    return body + marker_for(commit, topic.entry.topic) + "\n" + diff
+
+
+_CUT_AGAINST = re.compile(r"^(Cut-against:[ \t]*)\d+(?:\.\d+)+(?=[:;,\s]|$)", re.MULTILINE)
 
 
 def _same_but_marker(old: str, new: str) -> bool:
@@ -381,7 +390,7 @@ def export_topics(
             changed += export_overlay(repo, t.entry, before, after, PACKAGE, check=check)
             continue
         diff = git(repo, *DIFF_ARGS, before, after)
-        new = render(t, diff, t.commit.sha)
+        new = render(t, diff, t.commit.sha, pin)
         path = t.entry.path
         old = path.read_bytes().decode("utf-8") if path.exists() else None
         if old is not None and _same_but_marker(old, new):
