@@ -168,8 +168,11 @@ def test_rebase_carries_the_workspace_and_export_gives_patches_for_the_new_pin(
     assert gitrepo.git(ws, "rev-parse", "--abbrev-ref", "HEAD").strip() == f"qwen38-{NEW}"
     loaded = recipe.load(p.root / "recipe.toml")
     offset_b = p.root / "patches" / "offset-b.patch"
+    clean_a = p.root / "patches" / "clean-a.patch"
     written = workspace.export(loaded, ws, ["clean-a", "offset-b"])
-    assert written == [offset_b]  # clean-a's diff is the same text on the new pin
+    # clean-a's diff is the same text on the new pin; only its Cut-against header moves
+    assert written == [clean_a, offset_b]
+    assert f"\nCut-against: {NEW}\n" in clean_a.read_text()
     assert "@@ -12,7 +12,7 @@" in offset_b.read_text()
     # the exported series now applies to the new pin without offsets
     again = by_patch(bump.bump(loaded, p.store, NEW))
