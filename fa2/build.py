@@ -74,8 +74,10 @@ def library_name(spec: dict, variant: str, arch: str) -> str:
     return str(spec["variants"][variant]["library"]).format(arch=arch_digits(arch))
 
 
-def unit_commands(spec: dict, variant: str, arch: str, nvcc: str) -> list[Unit]:
-    """The compile command of every unit of VARIANT, relative to the work folder."""
+def unit_commands(spec: dict, variant: str, arch: str, nvcc: str,
+                  extra: tuple[str, ...] = ()) -> list[Unit]:
+    """The compile command of every unit of VARIANT, relative to the work folder (EXTRA: more
+    nvcc flags after the spec's, e.g. --ptxas-options=-v for the register counts)."""
     if variant not in spec["variants"]:
         raise ValueError(f"no variant {variant!r} (have {sorted(spec['variants'])})")
     comp = spec["compile"]
@@ -87,6 +89,7 @@ def unit_commands(spec: dict, variant: str, arch: str, nvcc: str) -> list[Unit]:
         "-gencode", f"arch=compute_{digits},code=sm_{digits}",
         *(f"-D{d}" for d in defines),
         *(f"-I{rooted(i)}" for i in comp.get("include", [])),
+        *extra,
     ]
     units = []
     seen = set()
@@ -148,6 +151,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="the stock bf16 library over the unpatched tree")
     ap.add_argument("--spec", type=Path, default=None,
                     help="build description (default OURS/build.toml)")
+    ap.add_argument("--nvcc-flag", action="append", default=[],
+                    help="one more nvcc flag for every unit (repeatable)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     return ap.parse_args(argv)
 
@@ -157,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     spec_path = args.spec or (args.ours / "build.toml")
     spec = load_spec(spec_path)
     variant = "stock" if args.stock else "fp8"
-    units = unit_commands(spec, variant, args.arch, args.nvcc)
+    units = unit_commands(spec, variant, args.arch, args.nvcc, tuple(args.nvcc_flag))
     link = link_command(spec, variant, args.arch, args.nvcc, units)
     lib = library_name(spec, variant, args.arch)
     if args.dry_run:
@@ -176,14 +181,17 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     seconds: dict[str, float] = {}
     failed = []
+    log = []  # each unit's compiler output (warnings; ptxas -v counts when asked)
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         for unit, secs, proc in pool.map(lambda u: run_unit(u, work), units):
             seconds[unit.source] = round(secs, 1)
             status = "ok" if proc.returncode == 0 else f"FAILED (rc {proc.returncode})"
             print(f"  {secs:7.1f} s  {unit.source}  {status}", flush=True)
+            log.append(f"==> {unit.source} ({status})\n{proc.stdout}{proc.stderr}")
             if proc.returncode != 0:
                 failed.append(unit)
                 sys.stderr.write(proc.stdout + proc.stderr)
+    (out / f"{lib}.log").write_text("\n".join(log))
     if failed:
         print(f"fa2 build: {len(failed)} unit(s) failed", file=sys.stderr)
         return 1

@@ -58,6 +58,13 @@ def test_unit_commands_are_relative_and_per_arch() -> None:
         assert incs == ["-Iours/csrc/notorch", "-Itree/csrc/flash_attn/src", "-Icutlass/include"]
 
 
+def test_extra_flags_follow_the_spec_flags() -> None:
+    for u in B.unit_commands(SPEC, "fp8", "9.0", "nvcc", ("--ptxas-options=-v",)):
+        argv = list(u.argv)
+        assert argv.index("--ptxas-options=-v") < argv.index(f"-frandom-seed={u.source}")
+        assert argv.index("--ptxas-options=-v") > argv.index("-Icutlass/include")
+
+
 def test_stock_variant_builds_the_tree_units_with_the_define() -> None:
     units = B.unit_commands(SPEC, "stock", "9.0", "nvcc")
     assert all("-DFA2FP8_STOCK" in u.argv for u in units)

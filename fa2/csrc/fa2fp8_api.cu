@@ -43,22 +43,26 @@ int block_n(int head_dim) { return head_dim <= 64 ? 256 : (head_dim <= 128 ? 128
 
 // How many pieces to split each sequence's KV into. One CTA per (sequence, KV head) leaves
 // most SMs idle at small batch; splitting multiplies the CTAs, at the cost of a combine pass
-// and of each split's partial result. Take the fewest splits whose last wave fills at least
-// 85% of the best filling any split count up to the limit reaches, and 1 when the CTAs
-// already fill the machine's slots.
+// and of each split's partial result. A split count s is only worth it when every split gets
+// work (the kernel gives each ceil(n_blocks / s) tiles, so fewer than s splits may be busy);
+// among those, take the fewest whose last wave fills at least 85% of the best filling any
+// reaches, and 1 when the CTAs already fill the machine's slots.
 int choose_splits(int ctas, int num_sms, int n_blocks) {
     const int slots = num_sms * 2;  // two 128-thread CTAs of these tiles fit an SM
     if (ctas <= 0 || n_blocks <= 1 || ctas * 10 >= slots * 8) { return 1; }
     const int max_splits = n_blocks < 128 ? n_blocks : 128;
+    auto busy = [&](int s) { const int per = (n_blocks + s - 1) / s; return (n_blocks + per - 1) / per; };
     auto fill = [&](int s) {
         const long total = long(ctas) * s;
         const long waves = (total + slots - 1) / slots;
         return double(total) / double(waves * slots);
     };
     double best = 0.0;
-    for (int s = 1; s <= max_splits; ++s) { best = fill(s) > best ? fill(s) : best; }
     for (int s = 1; s <= max_splits; ++s) {
-        if (fill(s) >= 0.85 * best) { return s; }
+        if (busy(s) == s && fill(s) > best) { best = fill(s); }
+    }
+    for (int s = 1; s <= max_splits; ++s) {
+        if (busy(s) == s && fill(s) >= 0.85 * best) { return s; }
     }
     return 1;
 }
