@@ -38,8 +38,14 @@
 namespace {
 
 // kBlockN of the split-KV tiles for a head dim, as run_mha_fwd_splitkv_dispatch picks them for
-// num_splits > 1 (the fp8 dispatch uses the same for every num_splits).
-int block_n(int head_dim) { return head_dim <= 64 ? 256 : (head_dim <= 128 ? 128 : 64); }
+// num_splits > 1, and run_mha_fwd_splitkv_fp8kv_dispatch for every num_splits.
+int block_n(int head_dim) {
+#ifdef FA2FP8_STOCK
+    return head_dim <= 64 ? 256 : (head_dim <= 128 ? 128 : 64);
+#else
+    return head_dim <= 64 ? 256 : (head_dim <= 128 ? 128 : 32);
+#endif
+}
 
 // How many pieces to split each sequence's KV into. One CTA per (sequence, KV head) leaves
 // most SMs idle at small batch; splitting multiplies the CTAs, at the cost of a combine pass

@@ -223,6 +223,27 @@ def test_fp8_short_sequences() -> None:
     _run_fp8(c, "fp8 bf16 d128 lens 1..257")
 
 
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_fp8_conversion_is_exact(d: int, name: str) -> None:
+    # One key per sequence: P = 1, so the output is that key's V row, which every e4m3 value
+    # (subnormals, zeros and the largest included) must reach unrounded in bf16 and fp16.
+    c = Case([1, 1], d, name, "tensor", seed=d)
+    codes = torch.tensor([x for x in range(256) if x & 0x7F != 0x7F], dtype=torch.uint8, device=DEV)
+    row = codes.repeat(math.ceil(KV_HEADS * d / len(codes)))[: KV_HEADS * d]
+    v8 = c.v8.view(torch.uint8)
+    for i in range(2):
+        v8[int(c.block_table[i, 0]), 0] = row.roll(i * 7).view(KV_HEADS, d)
+    out = torch.full_like(c.q, float("nan"))
+    fa2fp8.paged_decode(c.q, c.k8, c.v8, c.block_table, c.seq_lens, k_descale=c.ks, out=out)
+    torch.cuda.synchronize()
+    g = HEADS // KV_HEADS
+    for i in range(2):
+        want = c.v8[int(c.block_table[i, 0]), 0].float().repeat_interleave(g, dim=0)
+        assert torch.equal(out[i].float(), want), f"{name} d{d}: a converted V value differs"
+    RESULTS.append(f"| fp8 {name} d{d}: all 254 e4m3 values through V, exact | - | 0 | 0 | exact |")
+
+
 @pytest.mark.parametrize("batch,ctx,d", [(1, 1024, 128), (8, 3000, 64), (8, 3000, 256), (64, 32768, 128)])
 def test_stock_bf16(batch: int, ctx: int, d: int) -> None:
     c = Case(_lens(batch, ctx, 16, d), d, "bf16", "tensor", seed=batch + ctx + d)
@@ -245,6 +266,7 @@ def test_fp8_rejects_what_it_cannot_run() -> None:
         fa2fp8.paged_decode(c.q[..., :96].contiguous(), c.k8[..., :96].contiguous(),
                             c.v8[..., :96].contiguous(), c.block_table, c.seq_lens)
     # The stock library holds no fp16; the C entry says so rather than running anything.
-    k, v = c.stock_cache()
+    t = Case([100, 40], 128, "bf16", "tensor", seed=9)
+    k, v = t.stock_cache()
     with pytest.raises(RuntimeError, match="not built"):
-        fa2fp8.paged_decode(c.q.half(), k.half(), v.half(), c.block_table, c.seq_lens)
+        fa2fp8.paged_decode(t.q.half(), k.half(), v.half(), t.block_table, t.seq_lens)
