@@ -5,7 +5,7 @@
 # or one folder up builds pthfa's cubin for the bench). SOURCES_DIR holds
 # vllm-flash-attention-617264c1.tar.xz and cutlass-62750a2b-include.tar.xz. OUT_DIR gets
 # build.txt (patch, build logs and summaries), ptxas.txt (registers and spills per kernel),
-# test.txt and fa2_fp8_gpu.md (the GPU test), bench.md.
+# test.txt and fa2_fp8_gpu.md (the GPU test), bench.md. FA2_DIFF=PATH tries another diff.
 set -u
 SRC=$1 OUT=$2 JOBS=${3:-16}
 W=$(mktemp -d /tmp/fa2gpu.XXXXXX)
@@ -13,7 +13,8 @@ mkdir -p "$OUT"
 tar xf "$SRC"/vllm-flash-attention-617264c1.tar.xz -C "$W"
 tar xf "$SRC"/cutlass-62750a2b-include.tar.xz -C "$W"
 cp -a "$W/flash-attention" "$W/stock"
-{ echo "== patch -p1 --fuzz=0"; (cd "$W/flash-attention" && patch -p1 --fuzz=0 --no-backup-if-mismatch) < fa2/fp8-kv.diff; } \
+DIFF=${FA2_DIFF:-fa2/fp8-kv.diff}  # another diff (e.g. a candidate under fa2/candidates/) to try
+{ echo "== patch -p1 --fuzz=0 < $DIFF"; (cd "$W/flash-attention" && patch -p1 --fuzz=0 --no-backup-if-mismatch) < "$DIFF"; } \
     > "$W/patch.log" 2>&1 || { cat "$W/patch.log"; exit 1; }
 NVCC=$(command -v nvcc)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
