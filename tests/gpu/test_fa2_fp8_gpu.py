@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from ._common import record, require_cuda
+from tests.gpu.vllm_tree import record, require_cuda
 
 pytestmark = pytest.mark.gpu
 

@@ -38,7 +38,8 @@ def _stubs() -> dict[str, ModuleType]:
         return mod
 
     base = stubs["vllm.platforms"].current_platform
-    platform = SimpleNamespace(**vars(base))
+    # every public attribute, the class's methods too (the harness's platform is a class)
+    platform = SimpleNamespace(**{n: getattr(base, n) for n in dir(base) if not n.startswith("_")})
     platform.simple_compile_backend = "eager"
     platform.device_type = "cuda"
     stubs["vllm.platforms"] = module(
