@@ -248,3 +248,15 @@ def test_lock_pins_what_it_can_reach_and_leaves_the_rest_declared(
     assert fa2.run("plan", "--json") == 0
     declared = {d["name"]: d["status"] for d in json.loads(capsys.readouterr().out)["declared"]}
     assert "source 'flash-attention' is not locked" in declared["fa2"]
+
+
+def test_lint_says_when_fa2_upstream_cannot_be_checked(
+        fa2: Project, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """No mirror and no origin within reach (offline): the rule cannot run, and lint says
+    so in a line instead of failing the other rules' verdict or passing in silence."""
+    (tmp_path / "mirror").rename(tmp_path / "gone")
+    capsys.readouterr()
+    assert fa2.run("--offline", "lint") == 0
+    err = capsys.readouterr().err
+    assert "lint: fa2-upstream not checked: source 'flash-attention'" in err
+    assert "offline mode forbids the origin" in err
