@@ -47,11 +47,14 @@ def overlay_in_upstream(loaded: LoadedRecipe, new_wheel: Path, store: Store,
                         package: str = "vllm") -> list[OverlayInUpstream]:
     """Every overlay file of every group (built or not) that ``new_wheel`` has: a local
     overlay's, and a source group's where its locked tree is in ``store``."""
+    files = {g.dir: _files(loaded, g, store) for g in loaded.recipe.series.groups}
+    if not any(files.values()):
+        return []  # no overlay to check: the new wheel's directory is not read at all
     z = open_wheel(new_wheel)
     names = set(z.namelist())
     out: list[OverlayInUpstream] = []
     for group in loaded.recipe.series.groups:
-        for rel, path in _files(loaded, group, store).items():
+        for rel, path in files[group.dir].items():
             member = f"{package}/{rel}"
             if member in names:
                 same = sha256_bytes(z.read(member)) == sha256_file(path)

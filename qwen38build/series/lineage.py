@@ -13,8 +13,8 @@ in :attr:`Lineage.failed`; the build reports it, this module only must not guess
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from qwen38build.series.diff import FileDiff
 from qwen38build.series.gnupatch import run_patch
@@ -22,9 +22,9 @@ from qwen38build.series.patchfile import PatchFile
 from qwen38build.wheels.wheelzip import open_wheel
 
 
-@dataclass(frozen=True)
-class Origin:
-    """Where a line of the patched tree comes from.
+class Origin(NamedTuple):
+    """Where a line of the patched tree comes from (a named tuple: one is made per line of
+    every touched file, and a frozen dataclass costs several times as much to make).
 
     ``patch`` is the series index of the patch that added it, or None for a line of the
     pristine file. ``line`` is then the 1-based line in that patch file (added) or in the

@@ -28,6 +28,7 @@ count as agreement.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from dataclasses import dataclass
 
@@ -56,8 +57,11 @@ class Evidence:
         return bool(self.how)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def skeleton(line: str) -> tuple[str, tuple[str, ...]]:
-    """A line as code without whitespace, every string literal as ``""``; and the strings."""
+    """A line as code without whitespace, every string literal as ``""``; and the strings.
+    Cached: every failing hunk of a file is weighed against the file's whole upstream diff,
+    so the same lines come back once per hunk."""
     strings: list[str] = []
 
     def hole(m: re.Match[str]) -> str:
