@@ -111,6 +111,24 @@ def test_edited_topic_is_exported_with_its_new_commit(proj: Project, tmp_path: P
     assert workspace.export(loaded, repo, check=True) == []
 
 
+def test_a_topic_committed_with_a_subject_alone_keeps_its_prose_and_headers(
+        proj: Project, tmp_path: Path) -> None:
+    """``git commit --amend -m "[qwen38] gamma"`` (a subject, no body): export keeps the
+    file's prose and header block and writes the new diff; before, it wrote the file with
+    neither, and the topic's prose and ledger row were lost."""
+    repo = workspace.create(proj.loaded(), proj.store, tmp_path / "ws")
+    gamma = proj.root / "kvarn" / "gamma.patch"
+    before = PatchFile.parse(gamma)
+    p = repo / "vllm" / "a.py"
+    p.write_text(p.read_text().replace("a line 25 gamma", "a line 25 gamma v3"))
+    gitrepo.git(repo, "add", "-A")
+    gitrepo.git(repo, "commit", "-q", "--amend", "-m", "[qwen38] kvarn/gamma")
+    assert workspace.export(proj.loaded(), repo) == [gamma]
+    after = PatchFile.parse(gamma)
+    assert after.prose == before.prose and after.headers == before.headers
+    assert "+a line 25 gamma v3" in after.diff
+
+
 def test_fixup_commit_folds_into_its_topic(proj: Project, tmp_path: Path) -> None:
     repo = workspace.create(proj.loaded(), proj.store, tmp_path / "ws")
     b = repo / "vllm" / "sub" / "b.py"

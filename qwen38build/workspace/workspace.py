@@ -35,7 +35,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from qwen38build.engine.fetch import locked_wheel
@@ -124,13 +124,17 @@ def touched_by_series(entries: Iterable[SeriesEntry]) -> set[str]:
 
 def commit_message(row_name: str, patch_path: Path) -> str:
     """``[qwen38] <row>``, a blank line, then the file's text above the marker, verbatim."""
-    text = patch_path.read_bytes().decode("utf-8")
+    preamble = _preamble(patch_path.read_bytes().decode("utf-8"))
+    subject = SUBJECT_PREFIX + row_name
+    return f"{subject}\n\n{preamble}" if preamble.strip() else f"{subject}\n"
+
+
+def _preamble(text: str) -> str:
+    """A patch file's text above its export marker (its prose and header block)."""
     idx = text.find("\n" + MARKER_PREFIX)
     if text.startswith(MARKER_PREFIX):
         idx = -1
-    preamble = text[: idx + 1] if idx >= 0 else ""
-    subject = SUBJECT_PREFIX + row_name
-    return f"{subject}\n\n{preamble}" if preamble.strip() else f"{subject}\n"
+    return text[: idx + 1] if idx >= 0 else ""
 
 
 def create(loaded: LoadedRecipe, store: Store, dest: Path) -> Path:
@@ -390,9 +394,13 @@ def export_topics(
             changed += export_overlay(repo, t.entry, before, after, PACKAGE, check=check)
             continue
         diff = git(repo, *DIFF_ARGS, before, after)
-        new = render(t, diff, t.commit.sha, pin)
         path = t.entry.path
         old = path.read_bytes().decode("utf-8") if path.exists() else None
+        topic = t
+        if not t.commit.body.strip() and old is not None:
+            # a topic committed with a subject alone: its file's prose and headers stay
+            topic = Topic(t.entry, replace(t.commit, body=_preamble(old)), t.folded)
+        new = render(topic, diff, t.commit.sha, pin)
         if old is not None and _same_but_marker(old, new):
             continue
         changed.append(path)
