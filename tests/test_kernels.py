@@ -78,10 +78,20 @@ def test_compile_sm_in_e_flags(tmp_path: Path, arch: str, sm: int) -> None:
 @needs_nvcc
 def test_compile_deterministic_across_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                            ) -> None:
-    a = compile_arch(_tree(tmp_path / "one" / "deep" / "src"), "9.0", tmp_path / "oa")
+    """The same sources compiled twice, from other folders, another working directory and
+    another environment (temp dir, locale, time zone, a stray CUDA variable): the cubin and
+    the PTX are the same bytes."""
+    a = compile_arch(_tree(tmp_path / "one" / "deep" / "src"), "9.0", tmp_path / "oa", ptx=True)
     monkeypatch.chdir(tmp_path)
-    b = compile_arch(_tree(tmp_path / "two" / "src"), "9.0", tmp_path / "ob")
-    assert a[0].read_bytes() == b[0].read_bytes()
+    (tmp_path / "tmp2").mkdir()
+    for name, value in (("TMPDIR", str(tmp_path / "tmp2")), ("LANG", "de_DE.UTF-8"),
+                        ("TZ", "Asia/Tokyo"), ("CUDA_HOME", "/nonexistent"),
+                        ("NVCC_APPEND_FLAGS", "-lineinfo")):
+        monkeypatch.setenv(name, value)
+    b = compile_arch(_tree(tmp_path / "two" / "src"), "9.0", tmp_path / "ob", ptx=True)
+    assert [p.name for p in a] == [p.name for p in b] and len(a) == 2
+    for x, y in zip(a, b, strict=True):
+        assert x.read_bytes() == y.read_bytes(), x.name
 
 
 @needs_nvcc
