@@ -48,8 +48,13 @@ def make_wheel(
     }
     di = f"vllm-{version}.dist-info"
     deps = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    # As a real pin's: the Pythons it supports, so the universal environment lock covers
+    # this machine's interpreter (3.11 to 3.13) and uv can lock with it.
+    pythons = "".join(f"Classifier: Programming Language :: Python :: 3.{m}\n"
+                      for m in (11, 12, 13))
     members[f"{di}/METADATA"] = (
-        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n{deps}\n".encode())
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\nRequires-Python: >=3.10\n"
+        f"{pythons}{deps}\n").encode()
     members[f"{di}/WHEEL"] = b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: cp38-abi3-linux_x86_64\n"
     record = "".join(f"{n},{record_hash(c)},{len(c)}\n" for n, c in members.items())
     members[f"{di}/RECORD"] = (record + f"{di}/RECORD,,\n").encode()

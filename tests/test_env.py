@@ -136,6 +136,10 @@ def test_python_not_found_is_a_clear_error(
     monkeypatch.setenv("PATH", str(empty))
     monkeypatch.setenv("UV_PYTHON_INSTALL_DIR", str(tmp_path / "no-managed-pythons"))
     monkeypatch.setenv("UV_PYTHON_SEARCH_PATH", str(empty))
+    # uv finds an active virtual environment's Python whatever PATH says (nox's session
+    # venv, in CI): a machine with no Python has none active either
+    for name in ("VIRTUAL_ENV", "CONDA_PREFIX", "UV_PYTHON"):
+        monkeypatch.delenv(name, raising=False)
     assert built.run("env", str(dest)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no Python that lock/pylock.toml covers was found" in err

@@ -8,6 +8,7 @@ symlink hits, and a file that appears where the build only checked for one misse
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -92,8 +93,11 @@ def test_real_project_every_read_file_misses(tmp_path: Path) -> None:
     store = tmp_path / "store"
     # The wheel and the environment lock: the kernels' compile is not what this is about,
     # and lint reads every pthfa file (its manifest) whatever the outputs.
-    (root / "recipe.toml").write_text((root / "recipe.toml").read_text()
-                                      + '\n[build]\noutputs = ["vllm", "pylock"]\n')
+    recipe = (root / "recipe.toml").read_text()
+    outputs = re.search(r'^outputs = \[.*\]$', recipe, re.MULTILINE)
+    assert outputs is not None, "recipe.toml names its [build] outputs"
+    (root / "recipe.toml").write_text(recipe.replace(outputs.group(0),
+                                                     'outputs = ["vllm", "pylock"]'))
     from tests.patches.conftest import built_wheels
 
     # the pinned wheel, fetched once into the suite's store (whatever ran before this test)
