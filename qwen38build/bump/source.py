@@ -18,7 +18,7 @@ from pathlib import Path
 from qwen38build.files import atomic_write
 from qwen38build.inputs import lock as lockmod
 from qwen38build.inputs.recipe import LoadedRecipe
-from qwen38build.series.gnupatch import context_elsewhere, run_patch
+from qwen38build.series.gnupatch import context_elsewhere, hunk_of, run_patch
 from qwen38build.series.patchfile import PatchFile
 from qwen38build.trees.obtain import TreeRequest, obtain
 
@@ -103,8 +103,7 @@ def _try_diff(result: SourceBump, diff: Path, tree: Path) -> None:
             result.hunks.append(f"{h.file} hunk #{h.number}: applies at offset {h.offset:+d} "
                                 f"(line {h.line}): re-cut the diff")
         else:
-            fd = next((f for f in pf.files if h.file in (f.new_path, f.old_path)), None)
-            hunk = fd.hunks[h.number - 1] if fd and h.number <= len(fd.hunks) else None
+            hunk = hunk_of(pf, h)
             found = context_elsewhere(hunk, tree / h.file) if hunk is not None else []
             where = (f"its lines stand at line {', '.join(map(str, found))}" if found
                      else "its lines are nowhere in the file (upstream changed them)")

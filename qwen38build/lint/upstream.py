@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from qwen38build.lint.finding import Context, Finding
-from qwen38build.series.gnupatch import context_elsewhere, run_patch
+from qwen38build.series.gnupatch import context_elsewhere, hunk_of, run_patch
 from qwen38build.series.patchfile import PatchFile
 
 RULE = "fa2-upstream"
@@ -31,8 +31,7 @@ def fa2_upstream(ctx: Context, tree: Path) -> Iterator[Finding]:
         shutil.copytree(tree, work, symlinks=True)
         result = run_patch(diff, work, dry_run=True)
         for h in result.failed:
-            fd = next((f for f in pf.files if h.file in (f.new_path, f.old_path)), None)
-            hunk = fd.hunks[h.number - 1] if fd and h.number <= len(fd.hunks) else None
+            hunk = hunk_of(pf, h)
             found = context_elsewhere(hunk, work / h.file) if hunk is not None else []
             where = (f"its lines stand at line {', '.join(map(str, found))} with other "
                      "context" if found else "its lines are nowhere in the file")

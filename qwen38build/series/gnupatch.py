@@ -14,7 +14,7 @@ from pathlib import Path
 
 from qwen38build.errors import PatchFailed
 from qwen38build.proc import run
-from qwen38build.series.diff import FileDiff, Hunk
+from qwen38build.series.diff import Hunk
 from qwen38build.series.patchfile import PatchFile
 
 _FILE_RE = re.compile(r"^(?:patching|checking) file '?(?P<path>.+?)'?$")
@@ -167,8 +167,7 @@ def describe_failure(pf: PatchFile, result: ApplyResult, tree: Path) -> PatchFai
     """A sentence per failed hunk: patch, file, hunk, line, and where its context is."""
     lines = []
     for h in result.failed:
-        fd = _file_diff(pf, h.file)
-        hunk = fd.hunks[h.number - 1] if fd and h.number <= len(fd.hunks) else None
+        hunk = hunk_of(pf, h)
         where = ""
         if hunk is not None:
             found = context_elsewhere(hunk, tree / h.file)
@@ -190,8 +189,9 @@ def describe_failure(pf: PatchFile, result: ApplyResult, tree: Path) -> PatchFai
     )
 
 
-def _file_diff(pf: PatchFile, path: str) -> FileDiff | None:
+def hunk_of(pf: PatchFile, h: HunkResult) -> Hunk | None:
+    """The hunk of ``pf`` that GNU patch's report line ``h`` speaks of (file, number)."""
     for f in pf.files:
-        if path in (f.new_path, f.old_path):
-            return f
+        if h.file in (f.new_path, f.old_path):
+            return f.hunks[h.number - 1] if h.number <= len(f.hunks) else None
     return None

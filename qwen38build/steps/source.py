@@ -8,11 +8,9 @@ repository, commit, paths, archive URL and mirror folders) travels as hints.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from qwen38build.cache.config import offline_env
-from qwen38build.digest import sha256_file
 from qwen38build.engine.executor import Context
 from qwen38build.steps import ENGINE
 from qwen38build.trees.obtain import TreeRequest, obtain
@@ -42,11 +40,7 @@ def run(ctx: Context) -> None:
     work.mkdir()
     got = obtain(request, mirrors, work, offline=offline_env(), say=ctx.report)
     ctx.report(f"tree {got.tree_sha256[:12]} from {got.origin}")
-    for dirpath, _dirs, files in os.walk(got.path):
-        for name in files:
-            p = Path(dirpath) / name
-            rel = p.relative_to(got.path).as_posix()
-            ctx.hashed[rel] = sha256_file(p)
+    ctx.hashed.update(got.files)  # hashed once, for the tree hash
     # the tree's files become the entry's outputs, where they are
     for child in sorted(got.path.iterdir()):
         child.rename(ctx.out / child.name)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from qwen38build.errors import FetchError
 from qwen38build.trees.archive import unpack
-from qwen38build.trees.treehash import entries, tree_hash
+from qwen38build.trees.treehash import digest_of, entries
 
 SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".zip")
 TIMEOUT_S = 60
@@ -52,6 +52,7 @@ class Obtained:
     path: Path  # the tree, below the folder it was asked into
     tree_sha256: str
     origin: str  # where it came from, for the log
+    files: dict[str, str]  # each regular file's sha256, by path: hashed once, here
 
 
 def mirror_candidates(request: TreeRequest, mirrors: list[Path]) -> Iterator[Path]:
@@ -77,9 +78,10 @@ def obtain(request: TreeRequest, mirrors: list[Path], work: Path, *, offline: bo
             _copy_selected(candidate, tree, request.paths)
         else:
             unpack(candidate, tree, request.paths)
-        got = tree_hash(tree)
+        found = entries(tree)
+        got = digest_of(found)
         if request.want is None or got == request.want:
-            return _settle(tree, work, got, str(candidate))
+            return _settle(tree, work, found, str(candidate))
         seen.append(f"{candidate}: tree {got[:16]}…")
         shutil.rmtree(tree)
     url = request.archive_url
@@ -96,20 +98,23 @@ def obtain(request: TreeRequest, mirrors: list[Path], work: Path, *, offline: bo
     tree = work / "origin"
     unpack(archive, tree, request.paths)
     archive.unlink()
-    got = tree_hash(tree)
+    found = entries(tree)
+    got = digest_of(found)
     if request.want is not None and got != request.want:
         shutil.rmtree(tree)
         raise FetchError(
             f"source {request.name!r}: {url} unpacks to tree {got}, not the lock's "
             f"{request.want}; nothing was kept.",
             hint="if the origin legitimately changed, re-pin with `qwen38build lock`")
-    return _settle(tree, work, got, url)
+    return _settle(tree, work, found, url)
 
 
-def _settle(tree: Path, work: Path, got: str, origin: str) -> Obtained:
+def _settle(tree: Path, work: Path, found: list[tuple[str, str, str]], origin: str
+            ) -> Obtained:
     final = work / "tree"
     tree.rename(final)
-    return Obtained(final, got, origin)
+    return Obtained(final, digest_of(found), origin,
+                    {rel: sha for rel, kind, sha in found if kind != "link"})
 
 
 def _copy_selected(src: Path, dest: Path, paths: tuple[str, ...]) -> None:

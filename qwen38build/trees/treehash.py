@@ -50,7 +50,12 @@ def entries(root: Path, paths: tuple[str, ...] = ()) -> list[tuple[str, str, str
 
 def tree_hash(root: Path, paths: tuple[str, ...] = ()) -> str:
     """The tree's hash (64 hex digits) over :func:`entries`."""
+    return digest_of(entries(root, paths))
+
+
+def digest_of(found: list[tuple[str, str, str]]) -> str:
+    """The tree hash of :func:`entries`' result (hashed once, used twice by a fetch)."""
     h = hashlib.sha256()
-    for rel, kind, digest in entries(root, paths):
+    for rel, kind, digest in found:
         h.update(f"{kind} {digest} {rel}\n".encode())
     return h.hexdigest()
