@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import nox
@@ -23,6 +24,9 @@ nox.options.sessions = ["build"]
 PYTHON = None
 HERE = Path(__file__).parent
 STAMP = ".qwen38build-install"
+# The trees of `qwen38build build --only vllm-py`, carried to a GPU machine without the index.
+TREES_ZIP = Path("result") / "vllm-py-trees.zip"
+TREE_VARS = ("QWEN38_VLLM_TREE", "QWEN38_VLLM_PRISTINE", "QWEN38_VLLM_TREES")
 
 
 def _tool(session: nox.Session, *extras: str) -> None:
@@ -161,8 +165,44 @@ def gpu_tests(session: nox.Session) -> None:
                 "--force-reinstall", wheel)
     # QWEN38_GPU_REQUIRED turns the GPU tests' skips into failures: on this machine a
     # skip would be a pass that tested nothing.
+    trees = _carried_trees(session)
     session.run("python", "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q", "-rA",
-                "tests/gpu", *session.posargs, env={"QWEN38_GPU_REQUIRED": "1"})
+                "tests/gpu", *session.posargs, env={"QWEN38_GPU_REQUIRED": "1", **trees})
+
+
+def trees_mismatch(trees_zip: Path, plan: dict[str, object]) -> str | None:
+    """Why a carried ``vllm-py`` zip is not the trees the recipe plans, or None when it is.
+
+    The zip's ``trees.json`` names the patched wheel, whose local version label holds the
+    first 8 hex of its wheel step's digest; ``plan`` is `qwen38build plan --json` of this
+    checkout. A zip made from another series, pin or engine is refused, never tested."""
+    try:
+        with zipfile.ZipFile(trees_zip) as zf:
+            patched = str(json.loads(zf.read("trees.json"))["patched"])
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+        return f"{trees_zip} is not a vllm-py zip of `qwen38build build --only vllm-py` ({exc})"
+    steps = plan.get("steps")
+    wheel = [s for s in steps if s.get("kind") == "wheel"] if isinstance(steps, list) else []
+    if not wheel:
+        return "`qwen38build plan --json` lists no patched wheel"
+    digest = str(wheel[0]["digest"])
+    if f"+q38.{digest[:8]}-" not in patched:
+        return (f"{trees_zip} holds the trees of {patched}, but this checkout's recipe plans "
+                f"the patched wheel {digest[:12]} (another series, pin or engine)")
+    return None
+
+
+def _carried_trees(session: nox.Session) -> dict[str, str]:
+    """The trees tests/gpu loads: what the environment names, else a carried
+    ``result/vllm-py-trees.zip`` checked against the plan, else (none) the engine's build."""
+    if any(os.environ.get(v) for v in TREE_VARS) or not TREES_ZIP.is_file():
+        return {}
+    plan = session.run("qwen38build", "plan", "--json", silent=True, stderr=None)
+    why = trees_mismatch(TREES_ZIP, json.loads(str(plan)))
+    if why is not None:
+        session.error(f"{why}: run `qwen38build build --only vllm-py` and carry it again")
+    session.log(f"vLLM trees: {TREES_ZIP} (checked against the plan)")
+    return {"QWEN38_VLLM_TREES": str(TREES_ZIP.resolve())}
 
 
 @nox.session(python=PYTHON)

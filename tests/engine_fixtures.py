@@ -7,12 +7,15 @@ One set of makers for every test module (the engine's, the workspace's and the b
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
+import importlib.util
 import json
 import subprocess
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 VERSION = "0.0.1"
 PLATFORM = "manylinux_2_28_x86_64"
@@ -309,3 +312,15 @@ def relist_pthfa(root: Path) -> None:
     (pthfa / "MANIFEST").write_text("".join(
         f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(pthfa).as_posix()}\n"
         for p in files))
+
+
+@functools.cache
+def load_noxfile() -> ModuleType:
+    """The project's noxfile as a module, loaded once per test process (nox refuses a
+    session registered twice)."""
+    path = Path(__file__).resolve().parents[1] / "noxfile.py"
+    spec = importlib.util.spec_from_file_location("q38_noxfile", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

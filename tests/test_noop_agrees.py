@@ -28,7 +28,7 @@ from tests.test_groups import write_overlay
 
 REQUESTS: list[tuple[str, ...]] = [(), ("--only", "vllm"), ("--only", "pthfa"),
                                    ("--only", "pthfa,vllm"), ("--with", "kvarn"),
-                                   ("--only", "vllm", "--with", "kvarn")]
+                                   ("--only", "vllm", "--with", "kvarn"), ("--only", "vllm-py")]
 OPS = st.one_of(
     st.tuples(st.just("edit"), st.integers(0, 2)),
     st.tuples(st.just("delete"), st.integers(0, 3)),

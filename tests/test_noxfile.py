@@ -3,7 +3,6 @@ install stamp that keeps a second `nox -s build` from reinstalling."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,16 +11,14 @@ from types import ModuleType
 
 import pytest
 
+from tests.engine_fixtures import load_noxfile
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def noxfile() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("q38_noxfile", REPO / "noxfile.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_noxfile()
 
 
 def _script(path: Path, body: str) -> str:
@@ -123,3 +120,27 @@ def test_through_noxw_the_session_sees_the_users_pythons_packages(
     monkeypatch.setenv("NOXW_PYTHON", user_py)
     noxfile.inherit_site_packages(py)
     assert subprocess.run(probe, capture_output=True, check=False, cwd=tmp_path).returncode == 0
+
+
+def _trees_zip(path: Path, patched: str) -> Path:
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("trees.json", json.dumps({"patched": patched, "pristine": "v.whl"}))
+    return path
+
+
+def test_carried_trees_are_checked_against_the_plan(noxfile: ModuleType, tmp_path: Path) -> None:
+    """`nox -s gpu_tests` takes a carried vllm-py zip only when it holds the trees of the
+    patched wheel this checkout plans (its label is the wheel step's digest)."""
+    plan = {"steps": [{"kind": "fetch", "digest": "ab" * 32},
+                      {"kind": "wheel", "digest": "cdd6e216" + "0" * 56}]}
+    good = _trees_zip(tmp_path / "good.zip", "vllm-0.32.0+q38.cdd6e216-cp38-abi3-x.whl")
+    assert noxfile.trees_mismatch(good, plan) is None
+    stale = _trees_zip(tmp_path / "stale.zip", "vllm-0.32.0+q38.0badc0de-cp38-abi3-x.whl")
+    why = noxfile.trees_mismatch(stale, plan)
+    assert why is not None and "0badc0de" in why and "cdd6e2160000" in why
+    (tmp_path / "junk.zip").write_bytes(b"not a zip")
+    assert "not a vllm-py zip" in str(noxfile.trees_mismatch(tmp_path / "junk.zip", plan))
+    assert "no patched wheel" in str(noxfile.trees_mismatch(good, {"steps": []}))

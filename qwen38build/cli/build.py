@@ -51,7 +51,8 @@ def only(args: argparse.Namespace) -> list[str] | None:
     names = requested(getattr(args, "only", None))
     if names == []:
         raise UsageError("command line: --only names no output.",
-                         hint="give vllm, pthfa or pylock (repeat --only, or separate by commas)")
+                         hint="give vllm, pthfa, fa2, pylock or vllm-py (repeat --only, or "
+                         "separate by commas)")
     return names
 
 

@@ -78,8 +78,8 @@ def _build(p: Any) -> None:
     _jobs(p, "steps built")
     _with(p)
     p.add_argument("--only", action="append", metavar="OUTPUT",
-                   help="build only these outputs: vllm, pthfa, pylock (repeatable or "
-                   "comma-separated; default: the recipe's [build] outputs)")
+                   help="build only these outputs: vllm, pthfa, fa2, pylock, vllm-py "
+                   "(repeatable or comma-separated; default: the recipe's [build] outputs)")
     _system_nvcc(p)
     p.add_argument("--no-link", action="store_true", help="do not (re)point ./result")
     p.add_argument("--rebuild", action="store_true", help="skip the no-op fast path")

@@ -5,7 +5,10 @@ The stack has three outputs, each a part of the graph:
 - ``vllm``: ``fetch`` (the locked wheel) → ``patch`` (the series) → ``wheel``;
 - ``pthfa``: ``fetch`` (each locked compiler wheel) → ``toolchain`` → ``cubin`` per arch →
   ``pthfa-wheel``;
-- ``pylock``: the environment lock, checked against what it was locked from.
+- ``pylock``: the environment lock, checked against what it was locked from;
+- ``fa2``: the pinned FlashAttention tree → its diff → a library per arch → a wheel;
+- ``vllm-py``: the pristine and patched package's ``.py`` files, for a GPU machine that
+  runs the series' kernels without vLLM's compiled ops.
 
 With more than one output, a ``stack`` step links them into one directory and its digest
 is the build hash; with one, that part's top step is. Parts of the recipe that have no
@@ -95,6 +98,12 @@ def make_plan(
             parts[name] = kernel_steps(loaded, locked=locked, system_nvcc=system_nvcc)[-1]
         elif name == "pylock":
             parts[name] = pylock_step(loaded)
+        elif name == "vllm-py":
+            parts[name] = Step(
+                kind="py-trees", implementation=implementation("py-trees"),
+                name=f"{entry.name}-{entry.version}-py-trees", params={"package": "vllm"},
+                deps=(("pristine", fetch), ("patched", wheel)),
+            )
         elif name == "fa2":
             why = fa2_missing(loaded)
             if why is None:

@@ -247,8 +247,8 @@ class Environment(_Model):
         return value
 
 
-Output = Literal["vllm", "pthfa", "fa2", "pylock"]
-OUTPUTS: tuple[Output, ...] = ("vllm", "pthfa", "fa2", "pylock")
+Output = Literal["vllm", "pthfa", "fa2", "pylock", "vllm-py"]
+OUTPUTS: tuple[Output, ...] = ("vllm", "pthfa", "fa2", "pylock", "vllm-py")
 
 
 class Build(_Model):

@@ -22,13 +22,13 @@ import re
 import shutil
 import struct
 import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from qwen38build.errors import KernelBuildError
 from qwen38build.proc import BASE_PATH, environment, run
 from qwen38build.wheels import record
+from qwen38build.wheels.zipwrite import write_zip
 
 __all__ = [
     "BASE_PATH",
@@ -223,18 +223,6 @@ def cubin_sm(path: Path) -> int:
 # wheel
 
 
-_ZIP_EPOCH_MIN = 315532800  # 1980-01-01T00:00:00Z, the earliest time a zip entry can hold
-
-
-def _zip_time(epoch: int | None) -> tuple[int, int, int, int, int, int]:
-    if epoch is None or epoch < _ZIP_EPOCH_MIN:
-        return (1980, 1, 1, 0, 0, 0)
-    import time
-
-    t = time.gmtime(epoch)
-    return (t.tm_year, t.tm_mon, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec - t.tm_sec % 2)
-
-
 def _wheel_version(version: str) -> str:
     v = version[1:] if version[:1] in ("v", "V") else version
     if not re.fullmatch(r"[0-9]+(\.[0-9]+)*([A-Za-z0-9.+]*)", v):
@@ -319,17 +307,6 @@ def write_kernel_wheel(
         {name: (record.hash_of(data), len(data)) for name, data in files.items()}, record_name)
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"{dist_name}-{ver}-{tag}.whl"
-    tmp = out.with_name(out.name + ".tmp")
-    date_time = _zip_time(epoch)
     # RECORD last, as the wheel spec recommends; everything else sorted.
     order = [*sorted(n for n in files if n != record_name), record_name]
-    with zipfile.ZipFile(tmp, "w") as zf:
-        for name in order:
-            info = zipfile.ZipInfo(name, date_time=date_time)
-            info.compress_type = zipfile.ZIP_DEFLATED
-            info.create_system = 3
-            info.external_attr = (0o100644 & 0xFFFF) << 16
-            zf.writestr(info, files[name], compresslevel=9)
-    tmp.replace(out)
-    return out
+    return write_zip(out_dir / f"{dist_name}-{ver}-{tag}.whl", files, order, epoch=epoch)

@@ -50,6 +50,7 @@ KINDS = {
     "tree-patch": "qwen38build.steps.tree_patch",
     "fa2-lib": "qwen38build.steps.fa2_lib",
     "fa2-wheel": "qwen38build.steps.fa2_wheel",
+    "py-trees": "qwen38build.steps.py_trees",
 }
 
 

@@ -23,6 +23,7 @@ IMPLEMENTATION = (
     "qwen38build.engine.tools",
     "qwen38build.steps.toolchain",
     "qwen38build.wheels.record",
+    "qwen38build.wheels.zipwrite",
     "qwen38build.wheels.wheelzip",
 )
 

@@ -21,7 +21,7 @@ from qwen38build.steps import ENGINE, toolchain
 KIND = "fa2-lib"
 IMPLEMENTATION = (*ENGINE, "qwen38build.steps.toolchain", "qwen38build.kernels.kernels",
                   "qwen38build.engine.tools", "qwen38build.wheels.record",
-                  "qwen38build.wheels.wheelzip")
+                  "qwen38build.wheels.wheelzip", "qwen38build.wheels.zipwrite")
 BUILDER = "build.py"
 
 

@@ -9,7 +9,8 @@ from qwen38build.kernels.kernels import write_kernel_wheel
 from qwen38build.steps import ENGINE
 
 KIND = "fa2-wheel"
-IMPLEMENTATION = (*ENGINE, "qwen38build.kernels.kernels", "qwen38build.wheels.record")
+IMPLEMENTATION = (*ENGINE, "qwen38build.kernels.kernels", "qwen38build.wheels.record",
+                  "qwen38build.wheels.zipwrite")
 PACKAGE = "fa2fp8"
 
 

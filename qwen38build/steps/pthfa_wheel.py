@@ -13,6 +13,7 @@ IMPLEMENTATION = (
     *ENGINE,
     "qwen38build.kernels.kernels",
     "qwen38build.wheels.record",
+    "qwen38build.wheels.zipwrite",
 )
 
 

@@ -28,6 +28,7 @@ IMPLEMENTATION = (
     "qwen38build.kernels.kernels",
     "qwen38build.wheels.record",
     "qwen38build.wheels.wheelzip",
+    "qwen38build.wheels.zipwrite",
 )
 #: The record of what was extracted and where nvcc is, read by the cubin steps.
 MANIFEST = "toolchain.json"

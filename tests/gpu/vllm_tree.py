@@ -17,9 +17,10 @@ module:
 
 The trees: `$QWEN38_VLLM_TREE` (a folder holding `vllm/`, or a zip of it: the series' tree, as
 the GPU twin of the series cuts and `nox -s gpu_tests` hand in) and `$QWEN38_VLLM_PRISTINE`
-(the pristine 0.32.0 tree); or `$QWEN38_VLLM_TREES`, a folder holding `pristine/vllm` and
-`patched/vllm` (as `bench/series_gpu.sh` unpacks them); else the engine's build of the recipe,
-extracted here (a machine with the store).
+(the pristine 0.32.0 tree); or `$QWEN38_VLLM_TREES`, the zip `qwen38build build --only vllm-py`
+makes (`nox -s gpu_tests` hands in a carried `result/vllm-py-trees.zip`) or a folder holding
+`pristine/vllm` and `patched/vllm`; else the engine's build of the recipe, extracted here (a
+machine with the store). A zip is extracted once under a folder named by its content.
 
 The rules every GPU test shares live here too: skip without torch, a CUDA device and Triton
 (`QWEN38_GPU_REQUIRED=1` turns the skip into a failure), and the figures: `record` prints a
@@ -33,9 +34,11 @@ from __future__ import annotations
 import ast
 import datetime
 import enum
+import hashlib
 import importlib
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import types
@@ -117,23 +120,53 @@ def record_line(line: str) -> None:
             fh.write(line + "\n")
 
 
-def _extract_py(wheel_or_zip: Path, dest: Path) -> Path:
-    """The ``vllm/**.py`` members of a wheel or zip under ``dest`` (returns ``dest``)."""
+def _extract_py(wheel_or_zip: Path, dest: Path, top: str = "") -> Path:
+    """The ``<top>vllm/**.py`` members of a wheel or zip as ``dest/vllm/`` (returns ``dest``).
+
+    Written into a fresh folder renamed into place, so a run killed half way leaves no half
+    tree that a later run would take for whole."""
+    if (dest / "vllm").is_dir():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     with zipfile.ZipFile(wheel_or_zip) as zf:
         for name in zf.namelist():
-            if name.startswith("vllm/") and name.endswith(".py") and ".." not in name:
-                zf.extract(name, dest)
+            rel = name[len(top):]
+            if (name.startswith(f"{top}vllm/") and name.endswith(".py")
+                    and ".." not in rel.split("/")):
+                out = work / rel
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_bytes(zf.read(name))
+    try:
+        work.rename(dest)
+    except OSError:  # another run got there first: its tree is the same bytes
+        shutil.rmtree(work, ignore_errors=True)
     return dest
+
+
+def _cache_dir(path: Path, part: str = "") -> Path:
+    """Where ``path``'s trees are extracted: by the zip's content, never by its name alone (a
+    rebuilt zip under the same name must not be served an older tree)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return _CACHE / f"{path.stem}-{h.hexdigest()[:16]}" / part
 
 
 def _given(path: Path) -> Path:
     """A folder holding ``vllm/`` from a folder or a zip."""
     if path.is_file():
-        dest = _CACHE / path.stem
-        if not (dest / "vllm").is_dir():
-            _extract_py(path, dest)
-        return dest
+        return _extract_py(path, _cache_dir(path, "tree"))
     return path
+
+
+def _given_pair(path: Path, side: str) -> Path:
+    """``side`` ("pristine" or "patched") of $QWEN38_VLLM_TREES: a folder holding both, or
+    the zip `qwen38build build --only vllm-py` makes."""
+    if path.is_file():
+        return _extract_py(path, _cache_dir(path, side), top=f"{side}/")
+    return path / side
 
 
 _BUILT: dict[str, Path] = {}
@@ -150,9 +183,8 @@ def _built() -> dict[str, Path]:
             wheel, pristine_wheel, _ = built_wheels()
         except Exception as exc:  # no engine, no store: say so
             missing(f"no vLLM trees: set {TREE_ENV} or build the recipe ({exc})")
-        _BUILT["patched"] = _extract_py(wheel, _CACHE / wheel.parent.name)
-        _BUILT["pristine"] = _extract_py(
-            pristine_wheel, Path(tempfile.mkdtemp(prefix="qwen38-vllm-pristine-")))
+        _BUILT["patched"] = _extract_py(wheel, _cache_dir(wheel, "tree"))
+        _BUILT["pristine"] = _extract_py(pristine_wheel, _cache_dir(pristine_wheel, "tree"))
     return _BUILT
 
 
@@ -163,7 +195,7 @@ def tree_root() -> Path:
         return _given(Path(given))
     both = os.environ.get(TREES_ENV)
     if both:
-        return Path(both) / "patched"
+        return _given_pair(Path(both), "patched")
     return _built()["patched"]
 
 
@@ -174,7 +206,7 @@ def pristine_root() -> Path:
         return _given(Path(given))
     both = os.environ.get(TREES_ENV)
     if both:
-        return Path(both) / "pristine"
+        return _given_pair(Path(both), "pristine")
     if os.environ.get(TREE_ENV):
         missing(f"{TREE_ENV} is set but not {PRISTINE_ENV}: no pristine tree")
     return _built()["pristine"]
