@@ -25,8 +25,10 @@ def _zip(p: Project, store: str = "store") -> Path:
 def test_trees_zip_holds_both_trees(project: Project) -> None:
     with zipfile.ZipFile(_zip(project)) as zf:
         names = set(zf.namelist())
-        assert {"pristine/vllm/server.py", "patched/vllm/server.py",
+        assert {"pristine/vllm/server.py", "patched/vllm/server.py", "pristine/vllm/__init__.py",
                 "pristine/vllm/envs.py", "patched/vllm/envs.py", "trees.json"} <= names
+        # the patched tree is the files that differ: __init__.py is the pristine one
+        assert "patched/vllm/__init__.py" not in names
         assert zf.read("pristine/vllm/server.py").decode() == SERVER
         assert zf.read("patched/vllm/server.py").decode() == SERVER.replace("return 3\n",
                                                                            "return 33\n")
@@ -69,7 +71,23 @@ def test_harness_reads_the_zip_by_content(project: Project, tmp_path: Path,
     monkeypatch.setenv(vllm_tree.TREES_ENV, str(carried))
     pristine, patched = vllm_tree.trees()
     assert "return 33\n" in (patched / "server.py").read_text()
+    assert (patched / "__init__.py").read_text() == (pristine / "__init__.py").read_text()
     assert (pristine / "server.py").read_text() == SERVER
     project.patch("route-fix", "server.py", SERVER, SERVER.replace("return 3\n", "return 34\n"))
     carried.write_bytes(_zip(project).read_bytes())
     assert "return 34\n" in (vllm_tree.tree_root() / "vllm" / "server.py").read_text()
+
+
+def test_harness_removes_what_the_series_deleted(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    carried = tmp_path / "vllm-py-trees.zip"
+    with zipfile.ZipFile(carried, "w") as zf:
+        zf.writestr("pristine/vllm/envs.py", "# pristine\n")
+        zf.writestr("pristine/vllm/gone.py", "x = 1\n")
+        zf.writestr("patched/vllm/envs.py", "# patched\n")
+        zf.writestr("trees.json", json.dumps({"patched_deleted": ["vllm/gone.py"]}))
+    monkeypatch.setattr(vllm_tree, "_CACHE", tmp_path / "cache")
+    monkeypatch.setenv(vllm_tree.TREES_ENV, str(carried))
+    pristine, patched = vllm_tree.trees()
+    assert (pristine / "gone.py").is_file() and not (patched / "gone.py").exists()
+    assert (patched / "envs.py").read_text() == "# patched\n"

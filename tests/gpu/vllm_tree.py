@@ -36,6 +36,7 @@ import datetime
 import enum
 import hashlib
 import importlib
+import json
 import logging
 import os
 import shutil
@@ -123,20 +124,28 @@ def record_line(line: str) -> None:
 def _extract_py(wheel_or_zip: Path, dest: Path, top: str = "") -> Path:
     """The ``<top>vllm/**.py`` members of a wheel or zip as ``dest/vllm/`` (returns ``dest``).
 
-    Written into a fresh folder renamed into place, so a run killed half way leaves no half
-    tree that a later run would take for whole."""
+    ``top="patched/"`` reads the zip of `build --only vllm-py`: the pristine tree, then the
+    files the series changed, then the ones it deleted removed. Written into a fresh folder
+    renamed into place, so a run killed half way leaves no half tree that a later run would
+    take for whole."""
     if (dest / "vllm").is_dir():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     with zipfile.ZipFile(wheel_or_zip) as zf:
-        for name in zf.namelist():
-            rel = name[len(top):]
-            if (name.startswith(f"{top}vllm/") and name.endswith(".py")
-                    and ".." not in rel.split("/")):
-                out = work / rel
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_bytes(zf.read(name))
+        layers = ["pristine/", top] if top == "patched/" else [top]
+        for layer in layers:
+            for name in zf.namelist():
+                rel = name[len(layer):]
+                if (name.startswith(f"{layer}vllm/") and name.endswith(".py")
+                        and ".." not in rel.split("/")):
+                    out = work / rel
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    out.write_bytes(zf.read(name))
+        if top == "patched/":
+            for rel in json.loads(zf.read("trees.json"))["patched_deleted"]:
+                if ".." not in rel.split("/"):
+                    (work / rel).unlink(missing_ok=True)
     try:
         work.rename(dest)
     except OSError:  # another run got there first: its tree is the same bytes
