@@ -142,11 +142,11 @@ def inherit_site_packages(python: str) -> None:
 # (built for its driver) are used as they are, never shadowed by a second copy.
 @nox.session(python=PYTHON, venv_params=["--system-site-packages"])
 def gpu_tests(session: nox.Session) -> None:
-    """The GPU tests, for real: the cubin for the GPU present is built through the recipe's
-    own steps, the pthfa wheel installed, and tests/gpu run. torch and CuPy come from the
-    interpreter's site-packages where they are installed, else from the environment lock.
-    Without a GPU the session says so and skips; with one it never passes having run no
-    test."""
+    """The GPU tests, for real: pthfa's cubin and FA2's library for the GPU present are built
+    through the recipe's own steps (`kernels --arch X --fa2`), the pthfa wheel installed,
+    FA2's libraries handed in, and tests/gpu run. torch and CuPy come from the interpreter's
+    site-packages where they are installed, else from the environment lock. Without a GPU
+    the session says so and skips; with one it never passes having run no test."""
     arch = gpu_arch()
     if arch is None:
         session.skip("no NVIDIA GPU here (nvidia-smi reports none): the GPU tests need one")
@@ -159,15 +159,37 @@ def gpu_tests(session: nox.Session) -> None:
     else:
         session.log("torch and CuPy are missing: installing the locked environment")
         session.run("uv", "pip", "install", "--python", python, "-r", "lock/pylock.toml")
-    out = session.run("qwen38build", "kernels", "--arch", arch, "--json", "-q", silent=True)
-    wheel = json.loads(str(out))["wheel"]
+    plan = json.loads(str(session.run("qwen38build", "plan", "--json", silent=True,
+                                      stderr=None)))
+    kernels = ["qwen38build", "kernels", "--arch", arch, "--json", "-q"]
+    fa2_missing = [str(d["status"]) for d in plan["declared"] if d["name"] == "fa2"]
+    if fa2_missing:  # its GPU tests then fail, saying which library is missing
+        session.warn(f"fa2: {fa2_missing[0]} (a mirror of its trees: QWEN38BUILD_SOURCES)")
+    else:
+        kernels.append("--fa2")
+    built = json.loads(str(session.run(*kernels, silent=True, stderr=None)))
     session.run("python", "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                "--force-reinstall", wheel)
+                "--force-reinstall", built["wheel"])
+    env = {"QWEN38_GPU_REQUIRED": "1", **_carried_trees(session, plan)}
+    if "fa2" in built and not os.environ.get("FA2FP8_LIB_DIR"):
+        env["FA2FP8_LIB_DIR"] = wheel_libs(Path(built["fa2"]["wheel"]),
+                                           Path(session.create_tmp()) / "fa2-lib")
     # QWEN38_GPU_REQUIRED turns the GPU tests' skips into failures: on this machine a
     # skip would be a pass that tested nothing.
-    trees = _carried_trees(session)
     session.run("python", "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q", "-rA",
-                "tests/gpu", *session.posargs, env={"QWEN38_GPU_REQUIRED": "1", **trees})
+                "tests/gpu", *session.posargs, env=env)
+
+
+def wheel_libs(wheel: Path, dest: Path) -> str:
+    """The shared libraries of a kernel wheel (``<package>/lib/*.so``) copied into ``dest``."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            parts = name.split("/")
+            if len(parts) == 3 and parts[1] == "lib" and parts[2].endswith(".so"):
+                (dest / parts[2]).write_bytes(zf.read(name))
+    return str(dest)
 
 
 def trees_mismatch(trees_zip: Path, plan: dict[str, object]) -> str | None:
@@ -192,13 +214,12 @@ def trees_mismatch(trees_zip: Path, plan: dict[str, object]) -> str | None:
     return None
 
 
-def _carried_trees(session: nox.Session) -> dict[str, str]:
+def _carried_trees(session: nox.Session, plan: dict[str, object]) -> dict[str, str]:
     """The trees tests/gpu loads: what the environment names, else a carried
-    ``result/vllm-py-trees.zip`` checked against the plan, else (none) the engine's build."""
+    ``result/vllm-py-trees.zip`` checked against ``plan``, else (none) the engine's build."""
     if any(os.environ.get(v) for v in TREE_VARS) or not TREES_ZIP.is_file():
         return {}
-    plan = session.run("qwen38build", "plan", "--json", silent=True, stderr=None)
-    why = trees_mismatch(TREES_ZIP, json.loads(str(plan)))
+    why = trees_mismatch(TREES_ZIP, plan)
     if why is not None:
         session.error(f"{why}: run `qwen38build build --only vllm-py` and carry it again")
     session.log(f"vLLM trees: {TREES_ZIP} (checked against the plan)")

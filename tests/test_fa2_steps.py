@@ -260,3 +260,57 @@ def test_lint_says_when_fa2_upstream_cannot_be_checked(
     err = capsys.readouterr().err
     assert "lint: fa2-upstream not checked: source 'flash-attention'" in err
     assert "offline mode forbids the origin" in err
+
+
+def test_fa2_compiles_with_the_system_nvcc_when_asked(
+        fa2: Project, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """A GPU machine that cannot fetch the locked compiler wheels builds fa2 with its own
+    nvcc (`--system-nvcc`, as the pthfa cubins): no toolchain step, that nvcc's identity in
+    the digest, and a different nvcc a different build."""
+    from tests.engine_fixtures import FAKE_NVCC
+
+    bin_dir = tmp_path / "sysbin"
+    bin_dir.mkdir()
+    nvcc = bin_dir / "nvcc"
+    log = tmp_path / "system-nvcc.log"
+    nvcc.write_text(FAKE_NVCC.replace("@LOG@", str(log)).replace("@VERSION@", "release 13.0"))
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    first = _build(fa2, capsys, "--only", "fa2", "--system-nvcc")
+    assert "arch=compute_90,code=sm_90" in log.read_text()
+    assert fa2.run("plan", "--json", "--system-nvcc") == 0
+    plan = json.loads(capsys.readouterr().out)
+    kinds = [s["kind"] for s in plan["steps"]]
+    assert "fa2-lib" in kinds and "toolchain" not in kinds, kinds
+    # the plan's build hash is the build's (it was the locked toolchain's under the flag)
+    assert plan["build"] == _build(fa2, capsys, "--system-nvcc")["build"]
+    nvcc.write_text(nvcc.read_text().replace("release 13.0", "release 13.1"))
+    assert _build(fa2, capsys, "--only", "fa2", "--system-nvcc")["build"] != first["build"]
+
+
+def test_kernels_fa2_builds_the_asked_arch_only(
+        fa2: Project, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`kernels --arch 9.0 --fa2` (what `nox -s gpu_tests` runs): pthfa's cubin and FA2's
+    library for that arch alone, both wheels; --out copies them."""
+    from tests.engine_fixtures import add_pthfa_sources
+
+    add_pthfa_sources(fa2.root)
+    out_dir = tmp_path / "artifacts"
+    assert fa2.run("kernels", "--arch", "9.0", "--fa2", "--json", "-q", "--out",
+                   str(out_dir)) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert list(found["fa2"]["libs"]) == ["9.0"]
+    with zipfile.ZipFile(found["fa2"]["wheel"]) as z:
+        libs = sorted(n for n in z.namelist() if n.startswith("fa2fp8/lib/"))
+    assert libs == ["fa2fp8/lib/libfa2fp8_sm90.so"]
+    assert Path(found["fa2"]["wheel"]).name in {p.name for p in out_dir.iterdir()}
+
+
+def test_kernels_fa2_without_its_sources_is_refused(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.engine_fixtures import add_pthfa_sources
+
+    add_pthfa_sources(project.root)
+    assert project.run("kernels", "--arch", "9.0", "--fa2", "-q") == 2
+    assert "fa2 is declared, not built" in capsys.readouterr().err

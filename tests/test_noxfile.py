@@ -144,3 +144,21 @@ def test_carried_trees_are_checked_against_the_plan(noxfile: ModuleType, tmp_pat
     (tmp_path / "junk.zip").write_bytes(b"not a zip")
     assert "not a vllm-py zip" in str(noxfile.trees_mismatch(tmp_path / "junk.zip", plan))
     assert "no patched wheel" in str(noxfile.trees_mismatch(good, {"steps": []}))
+
+
+def test_wheel_libs_takes_the_kernel_wheels_libraries_only(noxfile: ModuleType,
+                                                          tmp_path: Path) -> None:
+    import zipfile
+
+    wheel = tmp_path / "fa2fp8-0.1.0-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("fa2fp8/__init__.py", "")
+        zf.writestr("fa2fp8/lib/libfa2fp8_sm90.so", b"\x7fELF90")
+        zf.writestr("fa2fp8/lib/../../evil.so", b"x")
+        zf.writestr("fa2fp8-0.1.0.dist-info/RECORD", "")
+    (tmp_path / "libs").mkdir()
+    (tmp_path / "libs" / "stale.so").write_bytes(b"old")
+    got = Path(noxfile.wheel_libs(wheel, tmp_path / "libs"))
+    assert sorted(p.name for p in got.iterdir()) == ["libfa2fp8_sm90.so"]
+    assert (got / "libfa2fp8_sm90.so").read_bytes() == b"\x7fELF90"
+    assert not (tmp_path / "evil.so").exists()

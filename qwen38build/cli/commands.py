@@ -157,6 +157,8 @@ def _kernels(p: Any) -> None:
     _jobs(p, "arches compiled")
     _quiet(p)
     _system_nvcc(p)
+    p.add_argument("--fa2", action="store_true", help="also build FA2's fp8-KV library for "
+                   "these arches and its wheel (needs the locked FA2 and CUTLASS trees)")
     p.add_argument("-o", "--out", metavar="DIR", help="also copy the cubins and the wheel "
                    "into DIR (for CI artifacts)")
 

@@ -19,16 +19,18 @@ if TYPE_CHECKING:
 def cmd_plan(args: argparse.Namespace) -> int:
     from qwen38build.engine.plan import kernel_steps
     from qwen38build.engine.step import walk
+    from qwen38build.kernels.kernels import system_nvcc_requested
 
     loaded = stages.load_recipe(args)
-    plan = stages.load_plan(loaded, with_=stages.with_groups(args))
+    # the same compiler as `build` with the same flags: else the plan's build hash would be
+    # another build's
+    system_nvcc = system_nvcc_requested(args.system_nvcc)
+    plan = stages.load_plan(loaded, with_=stages.with_groups(args), system_nvcc=system_nvcc)
     store = stages.open_store(args)
     declared = [{"name": d.name, "status": d.reason} for d in plan.declared]
     tops = [plan.top]
-    from qwen38build.kernels.kernels import system_nvcc_requested
-
     try:
-        tops.append(kernel_steps(loaded, system_nvcc=system_nvcc_requested(args.system_nvcc))[-1])
+        tops.append(kernel_steps(loaded, system_nvcc=system_nvcc)[-1])
     except Qwen38BuildError as exc:  # e.g. no toolchain in the lock: declared, not planned
         declared.append({"name": "pthfa kernels", "status": f"declared, not planned: {exc}"})
     steps = list(walk(tops))

@@ -107,7 +107,7 @@ def make_plan(
         elif name == "fa2":
             why = fa2_missing(loaded)
             if why is None:
-                parts[name] = fa2_steps(loaded, locked)[-1]
+                parts[name] = fa2_steps(loaded, locked, system_nvcc=system_nvcc)[-1]
             elif only is not None:
                 from qwen38build.errors import UsageError
 
@@ -231,9 +231,9 @@ def source_step(loaded: LoadedRecipe, name: str,
 
 
 def fa2_steps(loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel],
-              archs: list[str] | None = None) -> list[Step]:
+              archs: list[str] | None = None, *, system_nvcc: bool = False) -> list[Step]:
     """FA2: the pinned tree → the diff applied at fuzz 0 → a library per arch (the locked
-    nvcc, ``fa2/build.py`` as the builder) → the fa2fp8 wheel."""
+    nvcc, or the system's when asked; ``fa2/build.py`` as the builder) → the fa2fp8 wheel."""
     import os
 
     from qwen38build.inputs.recipe import normalise_arch
@@ -252,13 +252,13 @@ def fa2_steps(loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel],
     folder = (root / r.fa2.build).parent
     builder = {n: p for n, p in tree_files(folder, ".")
                if n in ("build.py", "build.toml") or n.startswith("csrc/")}
-    tc = toolchain_step(loaded, locked)
+    compiler, tc = compiler_of(loaded, locked, system_nvcc)
     libs = [
         Step(kind="fa2-lib", implementation=implementation("fa2-lib"),
-             name=f"fa2-sm_{a.replace('.', '')}", params={"arch": a},
+             name=f"fa2-sm_{a.replace('.', '')}", params={"arch": a, **compiler},
              inputs=tuple((n, sha256_file(p)) for n, p in builder.items()),
              input_paths=builder, hints={"jobs": os.cpu_count() or 1},
-             deps=(("tree", patched), ("cutlass", cutlass), ("toolchain", tc)))
+             deps=(("tree", patched), ("cutlass", cutlass), *tc))
         for a in ([normalise_arch(a) for a in archs] if archs else r.cuda.archs)
     ]
     package = dict(tree_files(folder, "python/fa2fp8"))
@@ -288,6 +288,22 @@ def toolchain_step(loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel])
     )
 
 
+def compiler_of(
+    loaded: LoadedRecipe, locked: dict[str, lockmod.LockedWheel] | None, system_nvcc: bool,
+) -> tuple[dict[str, object], tuple[tuple[str, Step], ...]]:
+    """A compile step's compiler: (its params, its deps). The locked toolchain (a dependency,
+    so its wheels' sha256s are in the digest) unless ``system_nvcc``: then the nvcc on PATH,
+    its ``--version`` text and its bytes' identity in the digest (KernelBuildError when
+    there is none)."""
+    from qwen38build.kernels.kernels import Nvcc, nvcc_version
+
+    if system_nvcc:
+        return {"nvcc": "system", "nvcc_version": nvcc_version(Nvcc.find_system()),
+                "nvcc_identity": identity("nvcc", content=True)}, ()
+    tc = toolchain_step(loaded, lockmod.read(loaded.root) if locked is None else locked)
+    return {"nvcc": "toolchain"}, (("toolchain", tc),)
+
+
 def kernel_steps(
     loaded: LoadedRecipe, archs: list[str] | None = None, *,
     locked: dict[str, lockmod.LockedWheel] | None = None, system_nvcc: bool = False,
@@ -300,7 +316,7 @@ def kernel_steps(
     their digest (KernelBuildError when there is none).
     """
     from qwen38build.inputs.recipe import normalise_arch
-    from qwen38build.kernels.kernels import NVCC_FLAGS, Nvcc, nvcc_version
+    from qwen38build.kernels.kernels import NVCC_FLAGS
 
     r = loaded.recipe
     src = loaded.root / r.pthfa.path
@@ -317,16 +333,7 @@ def kernel_steps(
         raise KernelBuildError(f"{src / 'csrc'}: kernel sources live at its top level.")
     csrc = [p for _, p in found]
     sources = tuple((p.name, sha256_file(p)) for p in csrc)
-    deps: tuple[tuple[str, Step], ...]
-    compiler: dict[str, object] = {}
-    if system_nvcc:
-        compiler.update(nvcc="system", nvcc_version=nvcc_version(Nvcc.find_system()),
-                        nvcc_identity=identity("nvcc", content=True))
-        deps = ()
-    else:
-        tc = toolchain_step(loaded, lockmod.read(loaded.root) if locked is None else locked)
-        compiler["nvcc"] = "toolchain"
-        deps = (("toolchain", tc),)
+    compiler, deps = compiler_of(loaded, locked, system_nvcc)
     all_archs = list(r.cuda.archs)
     newest = max(all_archs, key=lambda a: tuple(int(x) for x in a.rstrip("af").split(".")))
     wanted = [normalise_arch(a) for a in archs] if archs else all_archs

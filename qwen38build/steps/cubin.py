@@ -11,9 +11,8 @@ from __future__ import annotations
 import shutil
 
 from qwen38build.engine.executor import Context
-from qwen38build.engine.tools import identity
 from qwen38build.errors import KernelBuildError
-from qwen38build.kernels.kernels import Nvcc, compile_arch, nvcc_version
+from qwen38build.kernels.kernels import compile_arch
 from qwen38build.steps import ENGINE, toolchain
 
 KIND = "cubin"
@@ -30,19 +29,7 @@ IMPLEMENTATION = (
 
 def run(ctx: Context) -> None:
     p = ctx.step.params
-    if p["nvcc"] == "toolchain":
-        nvcc = toolchain.nvcc_of(ctx.dep_entry("toolchain"))
-    elif p["nvcc"] == "system":
-        nvcc = Nvcc.find_system()
-        if (nvcc_version(nvcc) != p["nvcc_version"]
-                or identity("nvcc", content=True) != p.get("nvcc_identity")):
-            raise KernelBuildError(
-                f"the system nvcc changed since the plan was made (arch {p['arch']}); "
-                "nothing was stored.",
-                hint="run the build again",
-            )
-    else:
-        raise KernelBuildError(f"cubin step {ctx.step.name}: unknown compiler {p['nvcc']!r}.")
+    nvcc = toolchain.compiler(ctx)
     # Laid out under their own names (a store keeps inputs by sha256 alone, as reproduce
     # finds them), so the .cu files compile and their #includes resolve side by side.
     src = ctx.scratch / "csrc"

@@ -3,7 +3,7 @@
 The builder is the project's own ``fa2/build.py`` (Nix: a derivation's builder script), an
 input like every file of ``fa2/`` it reads: the one compile description, which the GPU
 benchmark runs too. It gets the patched tree, CUTLASS's headers and the locked nvcc, each a
-dependency of the step, and writes ``libfa2fp8_sm<XY>.so``.
+dependency of the step (or, asked for, the system nvcc), and writes ``libfa2fp8_sm<XY>.so``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def run(ctx: Context) -> None:
             dest = work / folder / name
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.symlink(entry.file(name), dest)  # read-only, never written: no copy needed
-    nvcc = toolchain.nvcc_of(ctx.dep_entry("toolchain"))
+    nvcc = toolchain.compiler(ctx)
     out = work / "out"
     home = ctx.scratch / "home"
     home.mkdir()

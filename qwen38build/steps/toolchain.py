@@ -25,6 +25,7 @@ from qwen38build.wheels.wheelzip import extract
 KIND = "toolchain"
 IMPLEMENTATION = (
     *ENGINE,
+    "qwen38build.engine.tools",
     "qwen38build.kernels.kernels",
     "qwen38build.wheels.record",
     "qwen38build.wheels.wheelzip",
@@ -87,3 +88,25 @@ def nvcc_of(entry: Entry) -> Nvcc:
     """The nvcc of a toolchain store entry, by the name its manifest records."""
     manifest = json.loads(entry.file(MANIFEST).read_text())
     return Nvcc(entry.file(str(manifest["nvcc"])))
+
+
+def compiler(ctx: Context) -> Nvcc:
+    """The nvcc a compile step was planned with: the locked toolchain (its ``toolchain``
+    dependency), or the system's, refused when it is no longer the one the plan saw."""
+    from qwen38build.engine.tools import identity
+
+    p = ctx.step.params
+    if p["nvcc"] == "toolchain":
+        return nvcc_of(ctx.dep_entry("toolchain"))
+    if p["nvcc"] == "system":
+        nvcc = Nvcc.find_system()
+        if (nvcc_version(nvcc) != p["nvcc_version"]
+                or identity("nvcc", content=True) != p.get("nvcc_identity")):
+            raise KernelBuildError(
+                f"the system nvcc changed since the plan was made ({ctx.step.name}); "
+                "nothing was stored.",
+                hint="run the build again",
+            )
+        return nvcc
+    raise KernelBuildError(f"step {ctx.step.name}: unknown compiler {p['nvcc']!r}.")
+

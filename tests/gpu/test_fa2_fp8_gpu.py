@@ -13,8 +13,10 @@ Tolerances (relative to the reference): L2 error below 1e-3 + r and worst elemen
 (2^-8 bf16, 2^-11 fp16). FA2 rounds the softmax weights to the query dtype before P V, which
 is the 1e-3 term; K and V convert to it exactly, since every e4m3 value is a bf16 and fp16 one.
 
-Libraries: $FA2FP8_LIB_DIR (libfa2fp8_smXY.so, libfa2stock_smXY.so from fa2/build.py).
-Skipped without CUDA or without the libraries (failed under QWEN38_GPU_REQUIRED=1).
+Libraries: $FA2FP8_LIB_DIR (libfa2fp8_smXY.so, libfa2stock_smXY.so from fa2/build.py; `nox -s
+gpu_tests` builds the recipe's fa2 for the GPU present and hands in its libraries). Skipped
+without CUDA or without the fp8 library (failed under QWEN38_GPU_REQUIRED=1); the stock
+library's checks are skipped without it (the benchmark's baseline, not a recipe output).
 """
 
 from __future__ import annotations
@@ -49,12 +51,21 @@ RESULTS: list[str] = []
 def _libs_or_skip() -> None:
     major, minor = torch.cuda.get_device_capability()
     try:
-        for kind in ("fp8", "stock"):
-            fa2fp8.find_library(kind, major, minor)
+        fa2fp8.find_library("fp8", major, minor)
     except FileNotFoundError as e:
         if REQUIRED:
             pytest.fail(str(e), pytrace=False)
         pytest.skip(str(e), allow_module_level=True)
+
+
+def _stock_or_skip() -> None:
+    """The stock (unpatched) library is the benchmark's baseline, which bench/fa2_gpu.sh
+    builds beside the fp8 one; the recipe's fa2 output (what `nox -s gpu_tests` tests) does
+    not hold it, so its checks are skipped there, never failed."""
+    try:
+        fa2fp8.find_library("stock", *torch.cuda.get_device_capability())
+    except FileNotFoundError as e:
+        pytest.skip(f"no stock library (bench/fa2_gpu.sh builds it): {e}")
 
 
 _libs_or_skip()
@@ -246,6 +257,7 @@ def test_fp8_conversion_is_exact(d: int, name: str) -> None:
 
 @pytest.mark.parametrize("batch,ctx,d", [(1, 1024, 128), (8, 3000, 64), (8, 3000, 256), (64, 32768, 128)])
 def test_stock_bf16(batch: int, ctx: int, d: int) -> None:
+    _stock_or_skip()
     c = Case(_lens(batch, ctx, 16, d), d, "bf16", "tensor", seed=batch + ctx + d)
     k, v = c.stock_cache()
     del c.k8, c.v8
@@ -265,7 +277,11 @@ def test_fp8_rejects_what_it_cannot_run() -> None:
     with pytest.raises(ValueError, match="head_dim"):
         fa2fp8.paged_decode(c.q[..., :96].contiguous(), c.k8[..., :96].contiguous(),
                             c.v8[..., :96].contiguous(), c.block_table, c.seq_lens)
-    # The stock library holds no fp16; the C entry says so rather than running anything.
+
+
+def test_stock_refuses_fp16() -> None:
+    """The stock library holds no fp16; the C entry says so rather than running anything."""
+    _stock_or_skip()
     t = Case([100, 40], 128, "bf16", "tensor", seed=9)
     k, v = t.stock_cache()
     with pytest.raises(RuntimeError, match="not built"):
