@@ -2,16 +2,16 @@
 and passes through it, on a GPU machine that has neither the store nor vLLM's compiled ops.
 
     # where the store is (the engine builds the recipe; a store hit when nothing changed):
+    qwen38build build --only vllm-py                  # result/vllm-py-trees.zip
     .venv/bin/python bench/gpu_series_cuts.py pack DIR [TOPIC ...]
-    # on the GPU machine, DIR carried there:
-    python bench/gpu_series_cuts.py run DIR [--results RESULTS] [-- PYTEST ARGS]
-    python bench/gpu_series_cuts.py tree DIR DEST      # the full series' tree, for tests/gpu
+    # on the GPU machine, DIR and result/vllm-py-trees.zip carried there:
+    python bench/gpu_series_cuts.py run DIR [--trees ZIP] [--results RESULTS] [-- PYTEST ARGS]
 
-``pack`` writes ``pristine.zip`` (every ``.py`` of the locked 0.32.0 wheel, ~11 MB) and, per
-cut, an overlay zip of the files the series touched up to that point, as the series leaves
-them (GNU patch at fuzz 0, as the build applies them): ``full.zip`` (the whole series, the
-tree `nox -s gpu_tests` and tests/gpu load through ``QWEN38_VLLM_TREE``) and, for each named
-topic, ``before-TOPIC.zip`` and ``through-TOPIC.zip``. ``run`` lays each cut out as a folder
+``pack`` writes, per named topic, an overlay zip of the files the series touched up to that
+point, as the series leaves them (GNU patch at fuzz 0, as the build applies them):
+``before-TOPIC.zip`` and ``through-TOPIC.zip`` (about 0.6 MB each), and ``pack.json`` naming
+the pristine wheel they are cut against. ``run`` takes the pristine tree from the recipe's
+``vllm-py`` zip (refused when it names another pristine wheel), lays each cut out as a folder
 (pristine + overlay; a file the overlay marks deleted is removed) and runs
 ``tests/gpu/test_<topic>_gpu.py`` against it: it must fail before and pass through. One line
 per topic, like series_cuts.py; ``--results`` also writes them to ``series_cuts_gpu.txt``.
@@ -53,7 +53,7 @@ def _snapshot(tree: Path, touched: set[str], dest: Path) -> None:
 
 
 def _touched(patch: Path) -> set[str]:
-    names = set()
+    names: set[str] = set()
     for line in patch.read_text().splitlines():
         m = re.match(r"^diff --git a/(\S+) b/(\S+)$", line)
         if m:
@@ -73,14 +73,11 @@ def pack(out: Path, topics: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="qwen38-gpucuts-") as tmp:
         tree = Path(tmp) / "vllm"
-        with zipfile.ZipFile(pristine_wheel) as src, \
-                zipfile.ZipFile(out / "pristine.zip", "w", zipfile.ZIP_DEFLATED) as dst:
+        with zipfile.ZipFile(pristine_wheel) as src:
             for name in src.namelist():
                 if name.startswith("vllm/") and name.endswith(".py"):
-                    data = src.read(name)
-                    dst.writestr(name, data)
                     (Path(tmp) / name).parent.mkdir(parents=True, exist_ok=True)
-                    (Path(tmp) / name).write_bytes(data)
+                    (Path(tmp) / name).write_bytes(src.read(name))
         touched: set[str] = set()
         for topic in SERIES:
             patch = PATCHES_DIR / f"{topic}.patch"
@@ -91,19 +88,18 @@ def pack(out: Path, topics: list[str]) -> int:
                             "-i", str(patch)], cwd=tree, check=True, capture_output=True)
             if topic in topics:
                 _snapshot(tree, touched, out / f"through-{topic}.zip")
-        _snapshot(tree, touched, out / "full.zip")
-    (out / "topics.json").write_text(json.dumps(topics))
+    (out / "pack.json").write_text(json.dumps({"topics": topics,
+                                               "pristine": pristine_wheel.name}))
     for f in sorted(out.iterdir()):
         print(f"{f.name}: {f.stat().st_size / 2**20:.1f} MiB")
     return 0
 
 
-def lay_out(pack_dir: Path, overlay: str, dest: Path) -> Path:
-    """pristine.zip + the overlay as a folder holding ``vllm/``."""
+def lay_out(pristine: Path, pack_dir: Path, overlay: str, dest: Path) -> Path:
+    """The pristine tree + the overlay as a folder holding ``vllm/``."""
     if dest.exists():
         shutil.rmtree(dest)
-    with zipfile.ZipFile(pack_dir / "pristine.zip") as zf:
-        zf.extractall(dest)
+    shutil.copytree(pristine, dest)
     with zipfile.ZipFile(pack_dir / overlay) as zf:
         for name in zf.namelist():
             if name != DELETED:
@@ -137,20 +133,36 @@ def _pytest(tree: Path, test: Path, extra: list[str], results: Path | None,
     return proc.returncode, summary
 
 
-def run(pack_dir: Path, results: Path | None, extra: list[str]) -> int:
-    topics = json.loads((pack_dir / "topics.json").read_text())
+def pristine_tree(trees: Path, want: str, dest: Path) -> Path:
+    """The ``pristine/vllm`` half of a ``vllm-py`` zip as ``dest/vllm``; SystemExit when the
+    zip was made for another pristine wheel than the pack was cut against."""
+    with zipfile.ZipFile(trees) as zf:
+        have = json.loads(zf.read("trees.json"))["pristine"]
+        if have != want:
+            raise SystemExit(f"{trees} holds the trees of {have}; the pack is cut against "
+                             f"{want}: build both from one recipe")
+        for name in zf.namelist():
+            if name.startswith("pristine/vllm/") and ".." not in name.split("/"):
+                path = dest / name[len("pristine/"):]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(zf.read(name))
+    return dest
+
+
+def run(pack_dir: Path, trees: Path, results: Path | None, extra: list[str]) -> int:
+    meta = json.loads((pack_dir / "pack.json").read_text())
     lines = []
     ok = 0
     with tempfile.TemporaryDirectory(prefix="qwen38-gpucuts-") as tmp:
-        pristine = Path(tmp) / "pristine"
-        with zipfile.ZipFile(pack_dir / "pristine.zip") as zf:
-            zf.extractall(pristine)
+        pristine = pristine_tree(trees, meta["pristine"], Path(tmp) / "pristine")
+        topics = meta["topics"]
         for topic in topics:
             test = _test_file(topic)
-            before = lay_out(pack_dir, f"before-{topic}.zip", Path(tmp) / "before")
+            before = lay_out(pristine, pack_dir, f"before-{topic}.zip", Path(tmp) / "before")
             rc_b, sum_b = _pytest(before, test, extra, None, results, f"before-{topic}",
                                  pristine)
-            through = lay_out(pack_dir, f"through-{topic}.zip", Path(tmp) / "through")
+            through = lay_out(pristine, pack_dir, f"through-{topic}.zip",
+                              Path(tmp) / "through")
             rc_t, sum_t = _pytest(through, test, extra, results, results,
                                  f"through-{topic}", pristine)
             proven = rc_b == 1 and rc_t == 0
@@ -179,19 +191,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("topics", nargs="*")
     r = sub.add_parser("run")
     r.add_argument("pack", type=Path)
+    r.add_argument("--trees", type=Path, default=REPO / "result" / "vllm-py-trees.zip",
+                   help="the zip of `qwen38build build --only vllm-py` (default: ./result's)")
     r.add_argument("--results", type=Path)
     r.add_argument("pytest_args", nargs="*")
-    t = sub.add_parser("tree")
-    t.add_argument("pack", type=Path)
-    t.add_argument("dest", type=Path)
     args = parser.parse_args(argv)
     if args.verb == "pack":
         return pack(args.out, args.topics)
-    if args.verb == "run":
-        return run(args.pack, args.results, args.pytest_args)
-    lay_out(args.pack, "full.zip", args.dest)
-    print(args.dest)
-    return 0
+    return run(args.pack, args.trees, args.results, args.pytest_args)
 
 
 if __name__ == "__main__":
