@@ -38,10 +38,14 @@
 namespace {
 
 // kBlockN of the split-KV tiles for a head dim, as run_mha_fwd_splitkv_dispatch picks them for
-// num_splits > 1, and run_mha_fwd_splitkv_fp8kv_dispatch for every num_splits.
+// num_splits > 1, and run_mha_fwd_splitkv_fp8kv_dispatch for every num_splits: the diff's
+// fp8kv_block_n where it has one (fa2/candidates/fp8-kv-pipelined.diff), else
+// fa2/fp8-kv.diff's tiles.
 int block_n(int head_dim) {
-#ifdef FA2FP8_STOCK
+#if defined(FA2FP8_STOCK)
     return head_dim <= 64 ? 256 : (head_dim <= 128 ? 128 : 64);
+#elif defined(FLASH_FP8KV_HAS_BLOCK_N)
+    return FLASH_NAMESPACE::fp8kv_block_n(head_dim);
 #else
     return head_dim <= 64 ? 256 : (head_dim <= 128 ? 128 : 32);
 #endif
@@ -163,7 +167,7 @@ FA2FP8_EXPORT int fa2fp8_paged_decode(
     if (batch <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || max_seq_len <= 0) {
         return FA2FP8_EINVAL;
     }
-    // Each thread's K/V load covers kBlockN / 16 consecutive rows of one page.
+    // Each thread's K/V load covers consecutive rows of one page: 2 to 16 by tile, a power of 2.
     if (block_size <= 0 || block_size % 16 != 0) { return FA2FP8_EINVAL; }
     if (num_splits <= 0) {
         num_splits = fa2fp8_num_splits(batch, num_heads, num_kv_heads, head_dim, max_seq_len);
