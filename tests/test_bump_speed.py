@@ -6,11 +6,12 @@ environment locks compared by a scan of uv's layout."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import pytest
 
-from qwen38build.bump import bump, members, trial
+from qwen38build.bump import bump, kept, members, trial
 from qwen38build.pinning import pylock as envlock
 from qwen38build.wheels import wheelzip
 from tests.bump_fixtures import NEW, Project
@@ -24,7 +25,11 @@ def pins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
     return two_pins(tmp_path, monkeypatch, SERIES)
 
 
-def outcomes(p: Project) -> list[tuple[str, str, tuple[str, ...]]]:
+def outcomes(p: Project, keep: bool = False) -> list[tuple[str, str, tuple[str, ...]]]:
+    """Each patch's outcome and failing hunks; the series tried again unless ``keep``
+    (the trial kept by an earlier bump is dropped first: :mod:`qwen38build.bump.kept`)."""
+    if not keep:
+        shutil.rmtree(p.store_root / kept.FOLDER, ignore_errors=True)
     report = bump.bump(p.loaded(), p.store, NEW)
     return [(r.patch, r.outcome, tuple(f.upstream_diff + f.note for f in r.failures))
             for r in report.patches]

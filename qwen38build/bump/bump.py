@@ -51,7 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from qwen38build.bump import members
+from qwen38build.bump import kept, members
 from qwen38build.bump.overlay import overlay_in_upstream
 from qwen38build.bump.report import (
     RETIRABLE,
@@ -167,7 +167,10 @@ def bump(
     old_sha = lockmod.locked_vllm(loaded, lockmod.read(loaded.root)).sha256
     caches = (store.root / members.FOLDER / old_sha,
               store.root / members.FOLDER / new_entry.sha256)
-    patches = try_series(loaded, old_wheel, new_wheel, (old_version, new_version), caches)
+    versions = (old_version, new_version)
+    patches, _ = kept.trial(
+        loaded, store, (old_sha, new_entry.sha256), versions,
+        lambda: try_series(loaded, old_wheel, new_wheel, versions, caches))
     report = BumpReport(old_version, new_version, new_entry, patches, dry_run,
                         overlays=overlay_in_upstream(loaded, new_wheel, store))
     reasons = {p.patch: f"{p.outcome} in {new_version}: {p.summary()}"
