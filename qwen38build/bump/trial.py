@@ -158,6 +158,16 @@ class _Trial:
         self._chain: Lineage | None = None
         self._upstream: dict[str, list[tuple[int, int, list[str]]]] | None = None
         self.outcomes: list[Outcome] = []
+        self._split: dict[bytes, list[str]] = {}
+
+    def lines(self, data: bytes | None) -> list[str]:
+        """:func:`_lines`, each file's bytes split once (a file is asked for once per
+        failing hunk); not to be changed by the caller."""
+        if data is None:
+            return []
+        if data not in self._split:
+            self._split[data] = _lines(data)
+        return self._split[data]
 
     def chain(self, k: int) -> Lineage:
         if self._chain is None:
@@ -240,7 +250,7 @@ class _Trial:
         code there (0.33.0 split v1/core/kv_cache_utils.py so); else ""."""
         want = hunk.old_lines
         if sum(1 for ln in want if ln.strip()) < 3 or _find(
-                _lines(self.new.get(rel)), want, hunk.old_start) is not None:
+                self.lines(self.new.get(rel)), want, hunk.old_start) is not None:
             return ""
         if self._added is None:  # the .py files new upstream, read once, only when asked
             added = {n for n in self.new_names - self.old_names if n.endswith(".py")}
@@ -266,7 +276,7 @@ class _Trial:
     def _failures(self, k: int, pf: PatchFile, gnu: dict[str, _GnuFile]) -> tuple[HunkFailure, ...]:
         out: list[HunkFailure] = []
         for fd in pf.files:
-            have = _lines(_read(self.work / fd.path)) if fd.old_path else []
+            have = self.lines(_read(self.work / fd.path)) if fd.old_path else []
             exists = (self.work / fd.path).exists()
             g = gnu.get(fd.path, _GnuFile())
             if fd.old_path is not None and not exists:
@@ -310,7 +320,7 @@ class _Trial:
             if depends:
                 # depends-on-failed only when the hunk's own context (the lines no failed
                 # patch brought in) still stands in the new tree.
-                have = _lines(_read(self.work / fd.path))
+                have = self.lines(_read(self.work / fd.path))
                 own_gone = any(_find(have, run, hunk.old_start) is None
                                for run in _runs(hunk.old_lines, failed))
             olds = [o.line for o in span if o.patch is None]
@@ -319,7 +329,7 @@ class _Trial:
             else:
                 lo, hi = hunk.old_start, hunk.old_start + max(hunk.old_count - 1, 0)
         if not hunk and fd.old_path is None:
-            lo, hi = 1, len(_lines(self.new.get(rel)))
+            lo, hi = 1, len(self.lines(self.new.get(rel)))
         upstream = ""
         uhunks: list[tuple[int, int, list[str]]] = []
         if lo and (self.old.get(rel) is not None or self.new.get(rel) is not None):
