@@ -4,6 +4,7 @@ takes it and says the same, and a change of any input it is made from makes it a
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -169,3 +170,19 @@ def test_a_kept_trial_that_is_damaged_or_not_its_own_is_made_again(
         assert json.loads(path.read_bytes()) == data  # written again whole
     bump.bump(pins.loaded(), pins.store, NEW)
     assert tried == []  # and taken once well formed
+
+
+def test_only_the_newest_trials_are_kept(pins: Project, monkeypatch: pytest.MonkeyPatch
+                                         ) -> None:
+    monkeypatch.setattr(kept, "KEEP", 3)
+    loaded = pins.loaded()
+    for i in range(5):
+        kept.trial(loaded, pins.store, ("1" * 64, f"{i}" * 64), ("0.1.0", NEW), list)
+        for p in kept_files(pins):  # the file system's clock may not tell them apart
+            if p.stat().st_mtime_ns > 10**12:
+                os.utime(p, ns=(i * 10**9, i * 10**9))
+    names = [p.name for p in kept_files(pins)]
+    assert len(names) == 3
+    newest = [kept.key(kept.inputs(loaded, ("1" * 64, f"{i}" * 64), ("0.1.0", NEW))) + ".json"
+              for i in (2, 3, 4)]
+    assert sorted(names) == sorted(newest)

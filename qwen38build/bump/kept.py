@@ -15,8 +15,9 @@ Its answer is a pure function of:
   ``qwen38build --version`` prints it), so any edit of the tool makes it again.
 
 :func:`key` hashes them all; :func:`trial` returns the kept answer when the store has one
-under that key, else tries the series and keeps the answer. A kept file that does not
-parse, or whose recorded inputs are not the key's, is made again.
+under that key, else tries the series and keeps the answer (the newest :data:`KEEP`
+answers are kept). A kept file that does not parse, or whose recorded inputs are not the
+key's, is made again.
 """
 
 from __future__ import annotations
@@ -82,7 +83,24 @@ def trial(loaded: LoadedRecipe, store: Store, shas: tuple[str, str], versions: t
     reports = compute()
     with contextlib.suppress(OSError):  # a store we may not write: made again next time
         store.write_json(path, {"inputs": made_from, "patches": [to_json(r) for r in reports]})
+        _prune(path.parent, keep=KEEP)
     return reports, False
+
+
+#: How many trials are kept (the newest): each edit of a patch makes another, and gc does
+#: not look in this folder.
+KEEP = 16
+
+
+def _prune(folder: Path, keep: int) -> None:
+    """Remove all but the ``keep`` newest kept trials of ``folder``."""
+    found = []
+    for p in folder.glob("*.json"):
+        with contextlib.suppress(OSError):
+            found.append((p.stat().st_mtime_ns, p.name, p))
+    for _, _, p in sorted(found, reverse=True)[keep:]:
+        with contextlib.suppress(OSError):
+            p.unlink()
 
 
 def _read(path: Path, made_from: dict[str, Any]) -> list[PatchReport] | None:
