@@ -17,7 +17,8 @@ Its answer is a pure function of:
 :func:`key` hashes them all; :func:`trial` returns the kept answer when the store has one
 under that key, else tries the series and keeps the answer (the newest :data:`KEEP`
 answers are kept). A kept file that does not parse, or whose recorded inputs are not the
-key's, is made again.
+key's, is made again. Whatever the trial comes to read besides these must be added to
+:func:`inputs` with it: the implementation digest covers the code, not its new inputs.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, get_args
 
-from qwen38build.bump.report import HunkFailure, HunkOffset, PatchReport
+from qwen38build.bump.report import HunkFailure, HunkOffset, Outcome, PatchReport
 from qwen38build.inputs.recipe import LoadedRecipe
 from qwen38build.store.store import Store
 
@@ -38,8 +39,21 @@ FOLDER = "bumptrials"
 _FORMAT = 1
 
 
+class TrialInputs(TypedDict):
+    """What a trial is made from, as kept beside it (:func:`inputs`)."""
+
+    format: int
+    patches: list[list[str]]  # [row name, file, sha256 of its bytes] in series order
+    wheels: list[str]  # the old and the new pristine wheel's sha256
+    versions: list[str]  # the old and the new version
+    gnu_patch: str  # `patch --version`
+    gnu_diff: str  # `diff --version`
+    python: str  # sys.version
+    implementation: str  # the package's implementation digest
+
+
 def inputs(loaded: LoadedRecipe, shas: tuple[str, str], versions: tuple[str, str]
-           ) -> dict[str, Any]:
+           ) -> TrialInputs:
     """Everything a trial of the series is made from (see the module's text)."""
     import hashlib
 
@@ -66,7 +80,7 @@ def inputs(loaded: LoadedRecipe, shas: tuple[str, str], versions: tuple[str, str
     }
 
 
-def key(made_from: dict[str, Any]) -> str:
+def key(made_from: TrialInputs) -> str:
     from qwen38build.digest import sha256_json
 
     return sha256_json(made_from)
@@ -103,7 +117,7 @@ def _prune(folder: Path, keep: int) -> None:
             p.unlink()
 
 
-def _read(path: Path, made_from: dict[str, Any]) -> list[PatchReport] | None:
+def _read(path: Path, made_from: TrialInputs) -> list[PatchReport] | None:
     try:
         data = json.loads(path.read_bytes())
         if data["inputs"] != made_from:
@@ -113,33 +127,67 @@ def _read(path: Path, made_from: dict[str, Any]) -> list[PatchReport] | None:
         return None
 
 
-def to_json(r: PatchReport) -> dict[str, Any]:
+def to_json(r: PatchReport) -> dict[str, object]:
     import dataclasses
 
     return dataclasses.asdict(r)
 
 
-def from_json(d: dict[str, Any]) -> PatchReport:
+def from_json(d: object) -> PatchReport:
     """A :class:`PatchReport` from :func:`to_json`'s dict (TypeError or KeyError where it
-    is not one)."""
+    is not one: a field missing, added or of another type)."""
     if not isinstance(d, dict):
         raise TypeError("a patch report is an object")
-    failures = tuple(
-        HunkFailure(**{**f, "depends_on": tuple(_strs(f["depends_on"]))}) for f in d["failures"]
-    )
     moved = d["moved_to"]
     if not isinstance(moved, dict):
         raise TypeError("moved_to is an object")
     report = PatchReport(
-        patch=str(d["patch"]), file=str(d["file"]), outcome=d["outcome"],
-        offsets=tuple(HunkOffset(**o) for o in d["offsets"]), failures=failures,
+        patch=_str(d["patch"]), file=_str(d["file"]), outcome=d["outcome"],
+        offsets=tuple(HunkOffset(file=_str(o["file"]), hunk=_int(o["hunk"]),
+                                 line=_int(o["line"]), offset=_int(o["offset"]))
+                      for o in _objects(d["offsets"])),
+        failures=tuple(_failure(f) for f in _objects(d["failures"])),
         deleted=tuple(_strs(d["deleted"])),
-        moved_to={str(k): _strs(v) for k, v in moved.items()},
+        moved_to={_str(k): _strs(v) for k, v in moved.items()},
         depends_on=tuple(_strs(d["depends_on"])),
     )
-    if json.loads(json.dumps(to_json(report))) != d:  # a field missing, added or changed
+    if report.outcome not in _OUTCOMES or json.loads(json.dumps(to_json(report))) != d:
         raise TypeError("not a patch report as kept")
     return report
+
+
+_OUTCOMES = frozenset(get_args(Outcome))
+
+
+def _failure(f: dict[str, object]) -> HunkFailure:
+    similarity = f["similarity"]
+    if similarity is not None and not isinstance(similarity, float):
+        raise TypeError("similarity is a number")
+    return HunkFailure(
+        file=_str(f["file"]), hunk=_int(f["hunk"]), patch_line=_int(f["patch_line"]),
+        note=_str(f["note"]), upstream_diff=_str(f["upstream_diff"]),
+        depends_on=tuple(_strs(f["depends_on"])), evidence=_str(f["evidence"]),
+        similarity=similarity, side_by_side=_str(f["side_by_side"]),
+        moved_to=_str(f["moved_to"]),
+    )
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError("a string")
+    return value
+
+
+def _int(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError("an integer")
+    return value
+
+
+def _objects(value: object) -> list[dict[str, object]]:
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise TypeError("a list of objects")
+    return value
 
 
 def _strs(value: object) -> list[str]:
