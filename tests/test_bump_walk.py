@@ -149,9 +149,12 @@ def test_a_skipped_topic_the_new_pin_carries_can_be_retired_and_export_says_how(
     assert f"`git -C {ws} cherry-pick {old[:12]}` carries conflict-c's commit again" in err
     assert "`qwen38build retire TOPIC --why '...'`" in err
     why = "upstream's diff U1 makes the same change"
+    (p.root / "tests" / "patches").mkdir(parents=True)
+    (p.root / "tests" / "patches" / "test_conflict_c.py").write_text("")
     assert main([*common, "retire", "conflict-c", "--why", why]) == 0
     out = capsys.readouterr().out
     assert "deleted patches/conflict-c.patch" in out and f"Retired at {NEW}" in out
+    assert "behaviour tests still stand" in out and "tests/patches/test_conflict_c.py" in out
     loaded = recipe.load(p.root / "recipe.toml")
     assert "conflict-c" in loaded.recipe.series.retired
     assert "conflict-c" not in [e.topic for e in loaded.series_entries()]

@@ -115,6 +115,12 @@ def cmd_retire(args: argparse.Namespace) -> int:
     print(f"Retired at {version}: {', '.join(args.topics)} (series.retired; the prose is in "
           "PATCHES.md's retired section). A workspace carry no longer waits for them: "
           "`qwen38build export DIR` leaves them out.")
+    tests = [t for t in (loaded.root / "tests" / "patches" / f"test_{name.replace('-', '_')}.py"
+                         for name in args.topics) if t.exists()]
+    if tests:  # the ledger's convention: a patch's behaviour test goes with it
+        print("Their behaviour tests still stand (run them once on the new pin: upstream's code "
+              "should pass the patched side, then delete them): "
+              + ", ".join(str(t.relative_to(loaded.root)) for t in tests) + ".")
     return ExitCode.OK
 
 
