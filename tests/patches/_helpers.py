@@ -99,7 +99,9 @@ def assert_pristine_lacks(check: Callable[[], object]) -> None:
         check()
     except AssertionError:
         return
-    pytest.fail("the pristine vLLM 0.32.0 file already shows the behaviour this patch adds")
+    from .conftest import PIN
+
+    pytest.fail(f"the pristine vLLM {PIN} file already shows the behaviour this patch adds")
 
 
 class Placeholder:

@@ -23,8 +23,10 @@ from qwen38build.inputs import recipe
 REPO = Path(__file__).resolve().parents[2]
 PATCHES_DIR = REPO / "patches"
 # The series in apply order, as the recipe lists it (one place: recipe.toml).
-SERIES = [e.topic for e in recipe.load(REPO / "recipe.toml").series_entries()
-          if e.group == "patches"]
+_LOADED = recipe.load(REPO / "recipe.toml")
+SERIES = [e.topic for e in _LOADED.series_entries() if e.group == "patches"]
+# The pin the series is cut on (after a bump, the new one: patch headers and messages say it).
+PIN = _LOADED.recipe.vllm.version
 
 # Package files the tests load beyond those the series touches (relative to vllm/).
 EXTRA_MEMBERS: list[str] = [
