@@ -33,6 +33,7 @@ EXTRA_MEMBERS: list[str] = [
     "entrypoints/openai/models/protocol.py",
     "scalar_type.py",
     "entrypoints/serve/utils/api_utils.py",
+    "entrypoints/openai/chat_completion/stream_processor.py",  # 0.33.0's chat stream
     "utils/math_utils.py",
     "transformers_utils/config.py",
     "model_executor/models/qwen3_5.py",
