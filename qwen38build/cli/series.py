@@ -118,8 +118,9 @@ def cmd_retire(args: argparse.Namespace) -> int:
     tests = [t for t in (loaded.root / "tests" / "patches" / f"test_{name.replace('-', '_')}.py"
                          for name in args.topics) if t.exists()]
     if tests:  # the ledger's convention: a patch's behaviour test goes with it
-        print("Their behaviour tests still stand (run them once on the new pin: upstream's code "
-              "should pass the patched side, then delete them): "
+        print("Their behaviour tests still stand: run them once on the new pin (the evidence: "
+              "upstream's code passes the patched side, or shows how upstream chose otherwise), "
+              "then delete them: "
               + ", ".join(str(t.relative_to(loaded.root)) for t in tests) + ".")
     return ExitCode.OK
 
