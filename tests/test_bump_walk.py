@@ -113,3 +113,65 @@ def test_every_stop_of_the_carry_shows_the_base_of_its_conflicts(
                           capture_output=True, text=True)
     assert cont.returncode != 0 and "f.py" in cont.stdout + cont.stderr  # the next stop
     assert "|||||||" in (ws / "vllm" / "f.py").read_text()
+
+
+def test_a_skipped_topic_the_new_pin_carries_can_be_retired_and_export_says_how(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The walk of 0.33.0: vllm-pr61050-lru-running-prefix stopped the carry as a conflict
+    whose upstream diff makes the same change (0.33.0's LRU ranks a running request's
+    chunks tail first), so it was skipped; then `export` said only "finish them in the
+    workspace", with no way back to the skipped commit, and nothing retires a topic the
+    labels did not call upstreamed (`bump --retire` takes likely-upstreamed ones only)."""
+    import subprocess
+
+    from qwen38build.cli import main
+    from qwen38build.inputs import recipe
+
+    p = two_pins(tmp_path, monkeypatch, ["clean-a", "conflict-c", "offset-b"])
+    (p.root / "PATCHES.md").write_text("# Ledger\n\n<!-- table:begin -->\n"
+                                       "<!-- table:end -->\n")
+    ws = tmp_path / "ws"
+    report = bump.bump(p.loaded(), p.store, NEW, rebase=ws, dry_run=False)
+    screen = report.to_screen()
+    assert "its commit stays on branch qwen38, and export names it" in screen
+    assert "`qwen38build retire TOPIC --why '...'`" in screen
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GIT_EDITOR": "true"}
+    old = subprocess.run(["git", "rev-parse", "CHERRY_PICK_HEAD"], cwd=ws, env=env,
+                         check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run(["git", "cherry-pick", "--skip"], cwd=ws, env=env, check=True,
+                   capture_output=True)
+    common = ["--recipe", str(p.root / "recipe.toml"), "--store", str(p.store_root)]
+    capsys.readouterr()
+    assert main([*common, "export", str(ws)]) == 1
+    err = capsys.readouterr().err
+    assert "no commit in" in err and "conflict-c" in err
+    assert f"`git -C {ws} cherry-pick {old[:12]}` carries conflict-c's commit again" in err
+    assert "`qwen38build retire TOPIC --why '...'`" in err
+    why = "upstream's diff U1 makes the same change"
+    (p.root / "tests" / "patches").mkdir(parents=True)
+    (p.root / "tests" / "patches" / "test_conflict_c.py").write_text("")
+    assert main([*common, "retire", "conflict-c", "--why", why]) == 0
+    out = capsys.readouterr().out
+    assert "deleted patches/conflict-c.patch" in out and f"Retired at {NEW}" in out
+    assert "behaviour tests still stand" in out and "tests/patches/test_conflict_c.py" in out
+    loaded = recipe.load(p.root / "recipe.toml")
+    assert "conflict-c" in loaded.recipe.series.retired
+    assert "conflict-c" not in [e.topic for e in loaded.series_entries()]
+    assert not (p.root / "patches" / "conflict-c.patch").exists()
+    ledger = (p.root / "PATCHES.md").read_text()
+    assert f"Retired at {NEW} and removed from the tree: `conflict-c` ({why})" in ledger
+    assert main([*common, "export", str(ws)]) == 0  # nothing left unfinished
+
+
+def test_retire_names_an_unknown_topic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from qwen38build.cli import main
+
+    p = two_pins(tmp_path, monkeypatch, ["clean-a"])
+    common = ["--recipe", str(p.root / "recipe.toml"), "--store", str(p.store_root)]
+    before = (p.root / "recipe.toml").read_bytes()
+    assert main([*common, "retire", "no-such", "--why", "x"]) == 2
+    assert "no series entry no-such" in capsys.readouterr().err
+    assert (p.root / "recipe.toml").read_bytes() == before

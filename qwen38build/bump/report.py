@@ -10,6 +10,7 @@ from qwen38build.inputs import lock as lockmod
 from qwen38build.pinning import pylock as envlock
 from qwen38build.pinning.envmove import EnvMove
 from qwen38build.series import upstreamed
+from qwen38build.workspace.workspace import BRANCH
 
 # -- the report -------------------------------------------------------------------------
 
@@ -310,8 +311,11 @@ class BumpReport:
                     f"{', '.join(r.conflict_files)}. In {r.repo}: resolve them, `git add`, "
                     "`git cherry-pick --continue` (it goes on with the topics after it and "
                     "stops at the next conflict), or `git cherry-pick --skip` to leave "
-                    f"{r.stopped_at} for later; then `qwen38build export {r.repo}` writes "
-                    "every finished topic and names the unfinished ones."
+                    f"{r.stopped_at} for later (its commit stays on branch "
+                    f"{BRANCH}, and export names it); then `qwen38build export "
+                    f"{r.repo}` writes every finished topic and names the unfinished ones. "
+                    "A topic the new pin carries (its upstream diff in the report makes the "
+                    "same change): skip it, then `qwen38build retire TOPIC --why '...'`."
                 )
             out.append(headers)
             if r.empty:

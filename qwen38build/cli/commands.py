@@ -152,6 +152,12 @@ def _bump(p: Any) -> None:
                    "QWEN38BUILD_OFFLINE=1; same as the global --offline)")
 
 
+def _retire(p: Any) -> None:
+    p.add_argument("topics", nargs="+", metavar="TOPIC", help="the series rows to retire")
+    p.add_argument("--why", required=True, help="the evidence that upstream carries it, for "
+                   "PATCHES.md (e.g. the upstream diff of the bump report that does the same)")
+
+
 def _kernels(p: Any) -> None:
     p.add_argument("--arch", action="append", help="only this arch (repeatable; e.g. 9.0)")
     _jobs(p, "arches compiled")
@@ -211,6 +217,8 @@ COMMANDS: tuple[Command, ...] = (
             "series:cmd_export", _export),
     Command("bump", "move the pin and report, per patch, what the new pin means",
             "series:cmd_bump", _bump, json=True),
+    Command("retire", "retire topics the pin now carries: series.retired, files deleted, "
+            "prose kept in PATCHES.md", "series:cmd_retire", _retire),
     Command("kernels", "compile pthfa per CUDA arch and pack its wheel", "kernels:cmd_kernels",
             _kernels, json=True),
     Command("ci", "continuous-integration helpers", None, sub=(

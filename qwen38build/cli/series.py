@@ -60,11 +60,16 @@ def cmd_export(args: argparse.Namespace) -> int:
         print("\n".join(f"wrote {f.relative_to(loaded.root)}" for f in files)
               or "nothing changed")
     if unfinished:
+        again = "; ".join(f"`git -C {dest} cherry-pick {sha[:12]}` carries {row}'s commit "
+                          "again" for row, sha in done.earlier.items())
         raise CheckFailed(
             f"not exported, no commit in {dest} yet: {', '.join(unfinished)} (every other "
             "topic was " + ("checked" if args.check else "exported") + ").",
             hint="finish them in the workspace (after a stopped carry: resolve, `git add`, "
-            "`git cherry-pick --continue`; else commit '[qwen38] TOPIC'), then export again",
+            "`git cherry-pick --continue`; else commit '[qwen38] TOPIC'"
+            + (f"; a skipped one: {again}" if again else "") + "), then export again; "
+            "one the new pin carries (the bump report's upstream diff does its change): "
+            "`qwen38build retire TOPIC --why '...'` takes it out of the series",
         )
     return ExitCode.OK
 
@@ -92,6 +97,31 @@ def cmd_bump(args: argparse.Namespace) -> int:
     if not report.ok or (report.rebase is not None and not report.rebase.ok):
         raise CheckFailed(f"moving vllm to {args.version}: some patches do not carry over "
                           "(the report above names each, and what to do next).")
+    return ExitCode.OK
+
+
+def cmd_retire(args: argparse.Namespace) -> int:
+    """``retire TOPIC... --why TEXT``: what ``bump --retire`` does for the topics its labels
+    found upstream, for topics a maintainer found there reading the report (a conflict whose
+    upstream diff makes the same change in its own words), at the recipe's pin."""
+    from qwen38build.series.retire import retire
+
+    loaded = stages.load_recipe(args)
+    version = loaded.recipe.vllm.version
+    written = retire(loaded, dict.fromkeys(args.topics, args.why), version)
+    for path in written:
+        rel = path.relative_to(loaded.root) if path.is_relative_to(loaded.root) else path
+        print(f"{'wrote' if path.exists() else 'deleted'} {rel}")
+    print(f"Retired at {version}: {', '.join(args.topics)} (series.retired; the prose is in "
+          "PATCHES.md's retired section). A workspace carry no longer waits for them: "
+          "`qwen38build export DIR` leaves them out.")
+    tests = [t for t in (loaded.root / "tests" / "patches" / f"test_{name.replace('-', '_')}.py"
+                         for name in args.topics) if t.exists()]
+    if tests:  # the ledger's convention: a patch's behaviour test goes with it
+        print("Their behaviour tests still stand: run them once on the new pin (the evidence: "
+              "upstream's code passes the patched side, or shows how upstream chose otherwise), "
+              "then delete them: "
+              + ", ".join(str(t.relative_to(loaded.root)) for t in tests) + ".")
     return ExitCode.OK
 
 

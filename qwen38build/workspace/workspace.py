@@ -35,7 +35,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from qwen38build.engine.fetch import locked_wheel
@@ -348,6 +348,9 @@ class Exported:
 
     changed: list[Path]
     unfinished: list[str]
+    #: an unfinished topic's commit on the branch a bump carried from (``qwen38``), where
+    #: there is one: a carry that skipped it (``git cherry-pick --skip``) left it there
+    earlier: dict[str, str] = field(default_factory=dict)
 
 
 def export(
@@ -408,7 +411,25 @@ def export_topics(
             from qwen38build.files import atomic_write
 
             atomic_write(path, new.encode("utf-8"))
-    return Exported(changed, [e.row_name for e in missing if e.row_name in wanted])
+    unfinished = [e.row_name for e in missing if e.row_name in wanted]
+    return Exported(changed, unfinished, _earlier_commits(repo, unfinished))
+
+
+def _earlier_commits(repo: Path, rows: Sequence[str]) -> dict[str, str]:
+    """Row name → its newest commit on branch ``qwen38`` that HEAD does not hold: after a
+    bump's carry (on ``qwen38-<new>``), the pre-bump commit of a topic it skipped."""
+    if not rows or not git(repo, "rev-parse", "-q", "--verify", f"refs/heads/{BRANCH}",
+                           check=False).strip():
+        return {}
+    subjects = {SUBJECT_PREFIX + r: r for r in rows}
+    found: dict[str, str] = {}
+    log = git(repo, "log", "--format=%H %s", f"refs/heads/{BRANCH}", "--not", "HEAD")
+    for line in log.splitlines():
+        sha, _, subject = line.partition(" ")
+        row = subjects.get(subject)
+        if row is not None and row not in found:
+            found[row] = sha
+    return found
 
 
 def _select(found: list[Topic], topics: Sequence[str] | None, repo: Path,

@@ -93,13 +93,38 @@ def exec_function(path: Path, qualname: str, namespace: dict[str, Any]) -> Calla
     return func
 
 
+def pin_file(tree: Path, *where: str) -> Path:
+    """The first of ``where`` (paths under vllm/, where the file lived pin by pin, oldest
+    first) that ``tree`` holds: a file upstream moved is found at either pin."""
+    for rel in where:
+        if (tree / rel).exists():
+            return tree / rel
+    raise FileNotFoundError(f"none of {', '.join(where)} in {tree}")
+
+
+class Either:
+    """The attributes of several modules, the first that has one wins: a module upstream
+    split (0.33.0's v1/core/kv_cache_planning.py out of kv_cache_utils.py) read as one."""
+
+    def __init__(self, *modules: types.ModuleType) -> None:
+        self._modules = modules
+
+    def __getattr__(self, name: str) -> Any:
+        for module in self._modules:
+            if hasattr(module, name):
+                return getattr(module, name)
+        raise AttributeError(name)
+
+
 def assert_pristine_lacks(check: Callable[[], object]) -> None:
     """The behaviour check must fail on the pristine tree (the patch is what adds it)."""
     try:
         check()
     except AssertionError:
         return
-    pytest.fail("the pristine vLLM 0.32.0 file already shows the behaviour this patch adds")
+    from .conftest import PIN
+
+    pytest.fail(f"the pristine vLLM {PIN} file already shows the behaviour this patch adds")
 
 
 class Placeholder:
@@ -300,7 +325,7 @@ def load_kv_cache_interface(tree: Path) -> types.ModuleType:
     layout = load_module(tree / "v1/kv_cache_layout.py")
     registry = load_module(tree / "v1/kv_cache_spec_registry.py",
                            {"vllm.logger": logger_mod})
-    return load_with_auto_stubs(tree / "v1/kv_cache_interface.py", {
+    mod = load_with_auto_stubs(tree / "v1/kv_cache_interface.py", {
         "vllm.logger": logger_mod,
         "vllm.utils.math_utils": math_utils,
         "vllm.utils.torch_utils": make_module("vllm.utils.torch_utils",
@@ -311,6 +336,20 @@ def load_kv_cache_interface(tree: Path) -> types.ModuleType:
         "vllm.v1.kv_cache_layout": layout,
         "vllm.v1.kv_cache_spec_registry": registry,
     })
+    quant_mode = getattr(mod, "get_kv_quant_mode", None)
+    if quant_mode is not None and "vllm.config.cache" in inspect.getsource(quant_mode):
+        # 0.33.0 asks vllm.config.cache for a registered dtype handler first (a lazy
+        # import): none is registered here, so the dtype table decides, as it does in vLLM.
+        cache_stub = {"vllm": make_module("vllm"), "vllm.config": make_module("vllm.config"),
+                      "vllm.config.cache": make_module(
+                          "vllm.config.cache", get_kv_cache_dtype_handler=lambda name: None)}
+
+        def get_kv_quant_mode(kv_cache_dtype: str) -> Any:
+            with stub_modules(cache_stub):
+                return quant_mode(kv_cache_dtype)
+
+        mod.__dict__["get_kv_quant_mode"] = get_kv_quant_mode
+    return mod
 
 
 class OnceLogger(logging.LoggerAdapter):  # type: ignore[type-arg]

@@ -48,7 +48,9 @@ def pin(tree: Path, region: Any, cudart_cls: Any, chunk_bytes: int) -> Log:
     namespace = {name: getattr(reg, name) for name in
                  ("host_register", "host_unregister", "host_device_pointer")
                  if hasattr(reg, name)}
+    # MIN_HOST_REGISTER_SAVED_BYTES: 0.33.0's (it may register the worker's slots only)
     namespace.update(MAX_HOST_REGISTER_CHUNK_BYTES=chunk_bytes, logger=log,
+                     MIN_HOST_REGISTER_SAVED_BYTES=3 * 1024**2,
                      current_platform=SimpleNamespace(is_cuda_alike=lambda: True))
     exec_function(tree / WORKER, "pin_mmap_region", namespace)(region)
     return log

@@ -36,17 +36,23 @@ class _Loose(SimpleNamespace):
         return None
 
 
-def _rope_scaling(tree: Path) -> Any:
-    """vLLM's rope-parameter reader, and the patch's scaling rule where it exists."""
+def _iter_rope(tree: Path) -> Any:
+    """vLLM's own rope-parameter reader (transformers_utils/config.py)."""
     from transformers.configuration_utils import ALLOWED_LAYER_TYPES
 
     tuc = tree / "transformers_utils/config.py"
     nested = exec_function(tuc, "is_rope_parameters_nested",
                            {"ALLOWED_LAYER_TYPES": ALLOWED_LAYER_TYPES, "Any": Any})
-    iter_rope = exec_function(tuc, "iter_rope_parameters", {
+    return exec_function(tuc, "iter_rope_parameters", {
         "is_rope_parameters_nested": nested, "PreTrainedConfig": object,
         "Iterator": object, "Any": Any})
-    if "def get_rope_max_len_scaling_factor" not in (tree / "config/model.py").read_text():
+
+
+def _rope_scaling(tree: Path) -> Any:
+    """vLLM's rope-parameter reader, and the patch's scaling rule where it exists."""
+    iter_rope = _iter_rope(tree)
+    model = tree / "config/model.py"  # extracted only while a patch of the series touches it
+    if not model.exists() or "def get_rope_max_len_scaling_factor" not in model.read_text():
         return None
     return exec_function(tree / "config/model.py", "get_rope_max_len_scaling_factor", {
         "iter_rope_parameters": iter_rope, "logger": _logger("model"),
@@ -86,7 +92,11 @@ def post_init(tree: Path, draft: Any, target_len: int, num_spec: int,
     model_mod = make_module("vllm.config.model", HfOverrides=dict, ModelConfig=ModelConfig)
     if scale is not None:
         model_mod.__dict__["get_rope_max_len_scaling_factor"] = scale
+    # 0.33.0's speculative.py reads rope parameters itself (which drafts it may resize)
+    hf_utils = AutoStub("vllm.transformers_utils.config")
+    hf_utils.__dict__["iter_rope_parameters"] = _iter_rope(tree)
     spec = load_with_auto_stubs(tree / "config/speculative.py", {
+        "vllm.transformers_utils.config": hf_utils,
         "vllm.logger": make_module("vllm.logger", init_logger=_logger),
         "vllm.config.utils": make_module("vllm.config.utils", config=lambda cls: cls,
                                          replace=None),

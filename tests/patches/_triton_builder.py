@@ -68,7 +68,8 @@ def fake_config(*, hq: int = 16, hkv: int = 4, d: int = 128, max_num_seqs: int =
             else CUDAGraphMode.NONE,
             cudagraph_capture_sizes=capture_sizes or []),
         scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs,
-                                         max_num_batched_tokens=max_num_batched_tokens))
+                                         max_num_batched_tokens=max_num_batched_tokens),
+        speculative_config=None)  # 0.33.0 sizes its own multi-query 3D rows from it
 
 
 def load(tree: Path, *, cuda: bool = False, current_config: Any = None) -> types.ModuleType:

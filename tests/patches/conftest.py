@@ -23,14 +23,17 @@ from qwen38build.inputs import recipe
 REPO = Path(__file__).resolve().parents[2]
 PATCHES_DIR = REPO / "patches"
 # The series in apply order, as the recipe lists it (one place: recipe.toml).
-SERIES = [e.topic for e in recipe.load(REPO / "recipe.toml").series_entries()
-          if e.group == "patches"]
+_LOADED = recipe.load(REPO / "recipe.toml")
+SERIES = [e.topic for e in _LOADED.series_entries() if e.group == "patches"]
+# The pin the series is cut on (after a bump, the new one: patch headers and messages say it).
+PIN = _LOADED.recipe.vllm.version
 
 # Package files the tests load beyond those the series touches (relative to vllm/).
 EXTRA_MEMBERS: list[str] = [
     "entrypoints/openai/models/protocol.py",
     "scalar_type.py",
     "entrypoints/serve/utils/api_utils.py",
+    "entrypoints/openai/chat_completion/stream_processor.py",  # 0.33.0's chat stream
     "utils/math_utils.py",
     "transformers_utils/config.py",
     "model_executor/models/qwen3_5.py",

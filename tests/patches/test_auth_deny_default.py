@@ -13,7 +13,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from ._helpers import assert_pristine_lacks, load_module
+from ._helpers import assert_pristine_lacks, load_module, pin_file
 
 pytestmark = pytest.mark.e2e
 
@@ -76,7 +76,8 @@ def test_patched_denies_by_default(patched_vllm: Path, root_path: str) -> None:
 
 
 def test_patched_help_text_describes_allowlist(patched_vllm: Path) -> None:
-    text = (patched_vllm / "entrypoints/launchers/cli_args.py").read_text()
+    text = pin_file(patched_vllm, "entrypoints/launchers/cli_args.py",
+                    "entrypoints/common/cli_args.py").read_text()  # moved in 0.33.0
     assert "`/health`, `/ping`, `/load`" in text
 
 

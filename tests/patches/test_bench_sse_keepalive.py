@@ -88,4 +88,10 @@ def test_patched_keepalive_split_anywhere(patched_vllm: Path, func_name: str, ur
 @pytest.mark.parametrize(("func_name", "url", "make_stream"), CASES)
 def test_pristine_fails_on_split_keepalive(pristine_vllm: Path, func_name: str, url: str,
                                            make_stream: Any) -> None:
+    source = (pristine_vllm / "benchmarks/lib/endpoint_request_func.py").read_text()
+    if "audio" not in func_name and "chunk_bytes = chunk_bytes.strip()" not in source:
+        # 0.33.0 stopped stripping the chunks itself: completions and chat are upstream's
+        # now, and the patch carries the audio function's comment skip alone
+        _check(pristine_vllm, func_name, url, make_stream)
+        return
     assert_pristine_lacks(lambda: _check(pristine_vllm, func_name, url, make_stream))

@@ -63,7 +63,8 @@ class _BufferingParser:
 def _generator_module(tree: Path) -> Any:
     api_utils = load_with_auto_stubs(tree / "entrypoints/serve/utils/api_utils.py", {
         "vllm.logger": make_module("vllm.logger", init_logger=logging.getLogger,
-                                   current_formatter_type=lambda: None)})
+                                   current_formatter_type=lambda: None)},
+        prefixes=("vllm", "orjson"))  # 0.33.0 encodes with orjson (not installed here)
     base_protocol = make_module(
         "vllm.entrypoints.generate.base.protocol",
         DeltaMessage=DeltaMessage,
@@ -84,14 +85,14 @@ def _generator_module(tree: Path) -> Any:
     class GenerateBaseServing:
         pass
 
-    return load_with_auto_stubs(
-        tree / "entrypoints/openai/chat_completion/serving.py", {
+    modules = {
             "vllm.entrypoints.generate.base.protocol": base_protocol,
             "vllm.entrypoints.generate.base.serving": make_module(
                 "vllm.entrypoints.generate.base.serving",
                 GenerateBaseServing=GenerateBaseServing,
                 build_per_request_timing_metrics=lambda metrics, n: None,
                 build_spec_decoding_metrics=lambda res: None,
+                chat_top_logprobs_limit=lambda top, return_all: top,  # 0.33.0's
                 clamp_prompt_logprobs=lambda x: x,
                 format_token_id_placeholder=str),
             "vllm.entrypoints.openai.chat_completion.protocol": chat_protocol,
@@ -99,12 +100,21 @@ def _generator_module(tree: Path) -> Any:
             "vllm.entrypoints.serve.utils.api_utils": api_utils,
             "vllm.entrypoints.serve.utils.tool_calls_utils": make_module(
                 "vllm.entrypoints.serve.utils.tool_calls_utils",
-                maybe_filter_parallel_tool_calls=lambda choice, request: choice),
+                maybe_filter_parallel_tool_calls=lambda choice, request: choice,
+                # 0.33.0's
+                resolve_finish_reason=lambda reason, request, calls: reason or "stop",
+                keeps_tool_calls=lambda request, **kw: False),
             "vllm.exceptions": make_module("vllm.exceptions",
                                            GenerationError=GenerationError),
             "vllm.utils.collection_utils": make_module("vllm.utils.collection_utils",
                                                        as_list=list),
-        })
+    }
+    processor = tree / "entrypoints/openai/chat_completion/stream_processor.py"
+    if processor.exists():  # 0.33.0 turns each choice's chunks into deltas there
+        name = "vllm.entrypoints.openai.chat_completion.stream_processor"
+        modules[name] = load_with_auto_stubs(processor, modules)
+    return load_with_auto_stubs(tree / "entrypoints/openai/chat_completion/serving.py",
+                                modules)
 
 
 def _stream(tree: Path, continuous: bool, include_usage: bool = True) -> list[Any]:
@@ -125,10 +135,13 @@ def _stream(tree: Path, continuous: bool, include_usage: bool = True) -> list[An
         get_chat_request_role=lambda request: "assistant",
         _raise_if_error=lambda finish_reason, request_id: None,
         create_streaming_error_response=unexpected_error,
+        # 0.33.0's
+        enable_auto_tools=False, create_error_response=unexpected_error,
     )
     request = SimpleNamespace(
         n=1, tool_choice="auto", echo=False, logprobs=False, include_reasoning=True,
         return_token_ids=False, return_prompt_text=False,
+        return_weight_versions=False,  # 0.33.0's
         stream_options=SimpleNamespace(include_usage=include_usage,
                                        continuous_usage_stats=continuous))
 
@@ -139,7 +152,7 @@ def _stream(tree: Path, continuous: bool, include_usage: bool = True) -> list[An
             yield SimpleNamespace(
                 prompt_token_ids=PROMPT, encoder_prompt_token_ids=None,
                 num_cached_tokens=0, num_cache_creation_tokens=None, prompt=None,
-                metrics=None, prompt_progress=None,
+                metrics=None, prompt_progress=None, kv_transfer_params=None,
                 outputs=[SimpleNamespace(index=0, text=text, token_ids=[10 + step],
                                          logprobs=None, stop_reason=None,
                                          finish_reason="stop" if last else None)])

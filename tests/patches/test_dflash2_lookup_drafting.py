@@ -174,6 +174,9 @@ def _vllm_config(k: int = 15, block_size: int | None = 8, probabilistic: bool = 
         speculative_config=spec,
         parallel_config=SimpleNamespace(decode_context_parallel_size=1),
         scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
+        # 0.33.0 stages the target's aux hidden states under FULL decode graphs: none here
+        compilation_config=SimpleNamespace(
+            cudagraph_mode=SimpleNamespace(decode_mode=lambda: None)),
     )
 
 

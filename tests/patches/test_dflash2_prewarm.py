@@ -57,7 +57,7 @@ class _Speculator:
         start = len(self.kernel.launches)
         tensor = SimpleNamespace(device=device)
         buffers = SimpleNamespace(input_ids=tensor, positions=tensor, query_start_loc=tensor,
-                                  seq_lens=tensor)
+                                  seq_lens=tensor, is_padding=tensor)  # is_padding: 0.33.0
         batch = SimpleNamespace(num_reqs=len(query_lens),
                                 num_scheduled_tokens=np.array(query_lens, dtype=np.int32),
                                 positions=tensor, query_start_loc=tensor, idx_mapping=tensor)

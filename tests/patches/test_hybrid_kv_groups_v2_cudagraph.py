@@ -47,6 +47,11 @@ def _modules(tree: Path) -> tuple[Any, Any]:
     hisparse = load_with_auto_stubs(tree / "v1/hisparse/layout.py", common)
     utils = load_with_auto_stubs(tree / "v1/core/kv_cache_utils.py", {
         **common, "vllm.v1.hisparse.layout": hisparse})
+    planning = tree / "v1/core/kv_cache_planning.py"
+    if planning.exists():  # 0.33.0 moved the grouping there from kv_cache_utils.py
+        return kvi, load_with_auto_stubs(planning, {
+            **common, "vllm.v1.hisparse.layout": hisparse,
+            "vllm.v1.core.kv_cache_utils": utils})
     return kvi, utils
 
 

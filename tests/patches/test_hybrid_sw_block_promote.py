@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from ._helpers import (
+    Either,
     assert_pristine_lacks,
     exec_function,
     load_kv_cache_interface,
@@ -56,8 +57,14 @@ class Vllm:
                   "vllm.v1.kv_cache_interface": self.kvi,
                   "vllm.v1.attention.backend": self.backend}
         hisparse = load_with_auto_stubs(tree / "v1/hisparse/layout.py", common)
-        self.utils = load_with_auto_stubs(tree / "v1/core/kv_cache_utils.py", {
+        utils = load_with_auto_stubs(tree / "v1/core/kv_cache_utils.py", {
             **common, "vllm.v1.hisparse.layout": hisparse})
+        self.utils: Any = utils
+        planning = tree / "v1/core/kv_cache_planning.py"
+        if planning.exists():  # 0.33.0 moved the grouping and page sizing there
+            self.utils = Either(load_with_auto_stubs(planning, {
+                **common, "vllm.v1.hisparse.layout": hisparse,
+                "vllm.v1.core.kv_cache_utils": utils}), utils)
         ns = {"MultipleOf": self.backend.MultipleOf, "AttentionBackend": Any,
               "KVCacheSpec": Any, "Sequence": Any}
         ns["_block_size_is_supported"] = exec_function(

@@ -163,7 +163,8 @@ class _Engine:
             scheduler_config=SimpleNamespace(long_prefill_token_threshold=0),
             mamba_partial_cache_hit=False, use_eagle_block_drop=False,
             mamba_has_prefill_checkpoint_blocks=False, mamba_prefill_checkpoint_alignment=None,
-            mamba_shared_prefix_checkpoint=False)
+            mamba_shared_prefix_checkpoint=False,
+            num_hash_lookahead_tokens=0)  # read by 0.33.0; 0 turns it off
         # The worker's side.
         self.kv_cache_config = SimpleNamespace(
             kv_cache_groups=[v.kvi.KVCacheGroupSpec(["mamba.0"], self.spec)])

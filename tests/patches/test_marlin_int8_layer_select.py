@@ -151,8 +151,11 @@ def _check_name_reaches_config(tree: Path) -> None:
     def call_keywords(path: Path, func: str) -> list[dict[str, str]]:
         found = []
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                    and node.func.id == func):
+            if not isinstance(node, ast.Call):
+                continue
+            # `FusedMoEConfig(...)`, or 0.33.0's `(moe_config_cls or FusedMoEConfig)(...)`
+            callee = node.func.values if isinstance(node.func, ast.BoolOp) else [node.func]
+            if any(isinstance(c, ast.Name) and c.id == func for c in callee):
                 found.append({k.arg: ast.unparse(k.value) for k in node.keywords if k.arg})
         return found
 

@@ -58,7 +58,9 @@ def _cudart(deltas: list[int] | None, fail: bool = False) -> Any:
 
 def _region(total: int = 64 * MIB, row: int = MIB) -> Any:
     base = SimpleNamespace(data_ptr=lambda: 0x5500_0000_0000)
+    # cpu_page_size, page_size: 0.33.0 reads them to choose the registered ranges
     return SimpleNamespace(rank=0, _base=base, total_size_bytes=total, _row_stride=row,
+                           cpu_page_size=row, page_size=4096,
                            pinned_addresses=[], is_pinned=False, device_ptr_delta=0)
 
 

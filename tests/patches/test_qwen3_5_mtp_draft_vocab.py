@@ -375,8 +375,10 @@ def _load_eagle_model(tree: Path, draft: Any) -> Any:
     target.lm_head.weight.data.copy_(torch.randn(VOCAB, HIDDEN,
                                                  generator=torch.Generator().manual_seed(5)))
     vllm_config = SimpleNamespace(
+        # draft_lm_head_quantization: 0.33.0's (None: the shared head as it is)
         speculative_config=SimpleNamespace(draft_model_config=None,
-                                           apply_draft_overrides=lambda c: c),
+                                           apply_draft_overrides=lambda c: c,
+                                           draft_lm_head_quantization=None),
         load_config=object())
     with stub_modules({"vllm.compilation.backends": backends}):
         mod.load_eagle_model(target, vllm_config)

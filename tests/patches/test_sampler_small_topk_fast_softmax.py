@@ -51,7 +51,8 @@ class _TritonSpy:
         self.calls = 0
         self.sort_path: Any = None
 
-    def __call__(self, logits: Any, k: Any, p: Any) -> Any:
+    def __call__(self, logits: Any, k: Any, p: Any, **flags: Any) -> Any:
+        # flags: 0.33.0's has_topp_only_rows, a hint the sort path does not need
         self.calls += 1
         return self.sort_path(logits, k, p)
 
@@ -86,13 +87,17 @@ def _sampler(tree: Path, cpu: bool = False) -> tuple[ModuleType, _TritonSpy]:
     return mod, spy
 
 
-def test_patched_top_k_top_p_dispatch_is_0_32s(patched_vllm: Path) -> None:
-    """The retired small-k half leaves no trace: top-k/top-p calls 0.32.0's Triton path."""
+def test_patched_top_k_top_p_dispatch_is_0_32s(patched_vllm: Path,
+                                               pristine_vllm: Path) -> None:
+    """The retired small-k half leaves no trace: top-k/top-p calls the pin's own Triton
+    path, with the pin's own signature."""
     logits = torch.randn(4, 1000, generator=torch.Generator().manual_seed(1))
     k = torch.tensor([3, 20, 64, 7], dtype=torch.int32)
     p = torch.full((4,), 0.9)
     mod, spy = _sampler(patched_vllm)
-    assert list(inspect.signature(mod.apply_top_k_top_p).parameters) == ["logits", "k", "p"]
+    pristine, _ = _sampler(pristine_vllm)
+    assert (list(inspect.signature(mod.apply_top_k_top_p).parameters)
+            == list(inspect.signature(pristine.apply_top_k_top_p).parameters))
     out = mod.apply_top_k_top_p(logits.clone(), k, p)
     assert spy.calls == 1
     assert torch.equal(out, mod.apply_top_k_top_p_pytorch(logits.clone(), k, p))

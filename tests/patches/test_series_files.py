@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from .conftest import PATCHES_DIR, SERIES
+from .conftest import PATCHES_DIR, PIN, SERIES
 
 pytestmark = pytest.mark.e2e
 
@@ -36,7 +36,8 @@ def test_patch_file_shape(topic: str) -> None:
     for line in preamble[first_header:]:
         assert re.match(r"^([A-Z][A-Za-z-]+: |  \S)", line), line
     cut = next(line for line in preamble if line.startswith("Cut-against: "))
-    assert cut == "Cut-against: 0.32.0" or cut.startswith("Cut-against: 0.32.0: ")
+    # the pin the hunks are cut on: the recipe's (after a bump, export writes the new one)
+    assert cut == f"Cut-against: {PIN}" or cut.startswith(f"Cut-against: {PIN}: ")
     diff = lines[marker_idx + 1:]
     assert diff and diff[0].startswith("diff --git a/")
     assert not any(line.startswith(("+++ b/vllm/", "--- a/vllm/")) for line in diff)

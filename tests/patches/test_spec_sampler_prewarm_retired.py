@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -31,6 +32,18 @@ class _Output(SimpleNamespace):
                    total_num_scheduled_tokens=0, num_spec_tokens_to_schedule=0)
 
 
+class _SamplingParams:
+    """vLLM's SamplingParams as the warmup builds them: the sampler warmup's, and (0.33.0,
+    with a drafter) a greedy pass's."""
+
+    @staticmethod
+    def for_sampler_warmup() -> str:
+        return "warmup-params"
+
+    def __new__(cls, **kwargs: Any) -> Any:
+        return f"params{sorted(kwargs.items())}"
+
+
 def _warmup(tree: Path, *, adaptive: bool = False) -> tuple[list[_Output], list[bool]]:
     """The scheduler outputs the warm-up hands to execute_model, and whether adaptive
     verification was on at each call."""
@@ -39,7 +52,7 @@ def _warmup(tree: Path, *, adaptive: bool = False) -> tuple[list[_Output], list[
         SchedulerOutput=_Output, CachedRequestData=_Output,
         NewRequestData=SimpleNamespace(from_request=lambda req, **kw: req),
         Request=lambda *a, **kw: a[0],
-        SamplingParams=SimpleNamespace(for_sampler_warmup=lambda: "warmup-params"),
+        SamplingParams=_SamplingParams,
         GrammarOutput=SimpleNamespace,
         _warmup_block_counter=lambda runner: (lambda n, spec: -(-n // 16)),
         torch=SimpleNamespace(accelerator=SimpleNamespace(synchronize=lambda: None)),
@@ -55,7 +68,8 @@ def _warmup(tree: Path, *, adaptive: bool = False) -> tuple[list[_Output], list[
         block_tables=None, kv_block_zeroer=None, is_last_pp_rank=True,
         model_config=SimpleNamespace(get_vocab_size=lambda: 1024),
         kv_connector=SimpleNamespace(set_disabled=lambda flag: None),
-        adaptive_verification=object() if adaptive else None, rejection_sampler=sampler)
+        adaptive_verification=object() if adaptive else None, rejection_sampler=sampler,
+        speculative_config=object())  # 0.33.0 warms a greedy pass too with a drafter
     outputs: list[_Output] = []
     adaptive_on: list[bool] = []
 

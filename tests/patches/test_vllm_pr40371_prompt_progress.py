@@ -132,7 +132,8 @@ class _Steps:
             recompute_kv_load_failures=True, ec_connector=None, connector=None,
             finished_req_ids_dict=None, sched_step_seq=0, _inflight_prefills=set(),
             finished_req_ids=set(), reset_preempted_req_ids=set(),
-            make_stats=lambda *args, **kwargs: None)
+            make_stats=lambda *args, **kwargs: None,
+            num_spec_tokens=0)  # read by 0.33.0's update_from_output: no drafts here
         self.sched = sched
         # What schedule() does when it admits the request with a prefix-cache hit.
         self.request.status = v.request.RequestStatus.RUNNING
@@ -415,7 +416,8 @@ def _serving_modules(tree: Path) -> dict[str, ModuleType]:
         {"vllm.utils": make_module("vllm.utils", random_uuid=lambda: "0")})
     api_utils = load_with_auto_stubs(tree / "entrypoints/serve/utils/api_utils.py", {
         "vllm.logger": make_module("vllm.logger", init_logger=logging.getLogger,
-                                   current_formatter_type=lambda: None)})
+                                   current_formatter_type=lambda: None)},
+        prefixes=("vllm", "orjson"))  # 0.33.0 encodes with orjson (not installed here)
 
     class GenerateBaseServing:
         pass
@@ -430,7 +432,10 @@ def _serving_modules(tree: Path) -> dict[str, ModuleType]:
             GenerateBaseServing=GenerateBaseServing,
             build_per_request_timing_metrics=lambda metrics, n: None,
             build_spec_decoding_metrics=lambda res: None,
-            clamp_prompt_logprobs=lambda x: x, format_token_id_placeholder=str),
+            clamp_prompt_logprobs=lambda x: x, format_token_id_placeholder=str,
+            # 0.33.0's
+            chat_top_logprobs_limit=lambda top, return_all: top,
+            completion_top_logprobs_limit=lambda top, return_all: top),
         "vllm.entrypoints.openai.chat_completion.protocol": make_module(
             "vllm.entrypoints.openai.chat_completion.protocol",
             **_models("ChatCompletionLogProb", "ChatCompletionLogProbs",
@@ -447,7 +452,9 @@ def _serving_modules(tree: Path) -> dict[str, ModuleType]:
         "vllm.entrypoints.serve.utils.api_utils": api_utils,
         "vllm.entrypoints.serve.utils.tool_calls_utils": make_module(
             "vllm.entrypoints.serve.utils.tool_calls_utils",
-            maybe_filter_parallel_tool_calls=lambda choice, request: choice),
+            maybe_filter_parallel_tool_calls=lambda choice, request: choice,
+            resolve_finish_reason=lambda reason, request, calls: reason or "stop",
+            keeps_tool_calls=lambda request, **kw: False),
         "vllm.exceptions": make_module("vllm.exceptions", GenerationError=GenerationError,
                                        VLLMValidationError=ValueError),
         "vllm.utils.collection_utils": make_module("vllm.utils.collection_utils",
@@ -467,7 +474,7 @@ def _engine_outputs(progress: bool) -> list[Any]:
             prompt_token_ids=list(range(PROMPT)), encoder_prompt_token_ids=None,
             num_cached_tokens=cached, num_cache_creation_tokens=None, prompt=None,
             metrics=None, outputs=outputs, prompt_progress=prompt_progress,
-            prompt_logprobs=None)
+            prompt_logprobs=None, kv_transfer_params=None)  # the latter: read by 0.33.0
 
     out = []
     if progress:
@@ -508,8 +515,13 @@ def _chat(tree: Path, asked: bool, engine_sends: bool) -> list[Any]:
 
 
 def _chat_over(tree: Path, asked: bool, engine: AsyncIterator[Any]) -> list[Any]:
+    modules = _serving_modules(tree)
+    processor = tree / "entrypoints/openai/chat_completion/stream_processor.py"
+    if processor.exists():  # 0.33.0 turns each choice's chunks into deltas there
+        name = "vllm.entrypoints.openai.chat_completion.stream_processor"
+        modules[name] = load_with_auto_stubs(processor, modules)
     module = load_with_auto_stubs(tree / "entrypoints/openai/chat_completion/serving.py",
-                                  _serving_modules(tree))
+                                  modules)
     serving = module.OpenAIServingChat.__new__(module.OpenAIServingChat)
     serving.__dict__.update(
         parser_cls=None, enable_force_include_usage=False,
@@ -518,10 +530,13 @@ def _chat_over(tree: Path, asked: bool, engine: AsyncIterator[Any]) -> list[Any]
         enable_per_request_metrics=False,
         get_chat_request_role=lambda request: "assistant",
         _raise_if_error=lambda finish_reason, request_id: None,
-        create_streaming_error_response=_unexpected_error)
+        create_streaming_error_response=_unexpected_error,
+        # 0.33.0's
+        enable_auto_tools=False, create_error_response=_unexpected_error)
     request = SimpleNamespace(
         n=1, tool_choice="auto", echo=False, logprobs=False, include_reasoning=True,
         return_token_ids=False, return_prompt_text=False, return_progress=asked,
+        return_weight_versions=False,  # 0.33.0's
         stream_options=SimpleNamespace(include_usage=True, continuous_usage_stats=False))
     return _collect(serving.chat_completion_stream_generator(
         request, engine, "req-1", "qwen", [], object(), SimpleNamespace()))
@@ -536,10 +551,11 @@ def _completion(tree: Path, asked: bool, engine_sends: bool) -> list[Any]:
         enable_prompt_tokens_details=True, enable_per_request_metrics=False,
         _extract_prompt_text=lambda engine_input: "the prompt",
         _raise_if_error=lambda finish_reason, request_id: None,
-        create_streaming_error_response=_unexpected_error)
+        create_streaming_error_response=_unexpected_error,
+        enable_log_outputs=False, request_logger=None)  # 0.33.0's
     request = SimpleNamespace(
         n=1, echo=False, logprobs=None, max_tokens=16, return_token_ids=False,
-        return_progress=asked,
+        return_progress=asked, return_weight_versions=False,  # the latter: 0.33.0's
         stream_options=SimpleNamespace(include_usage=True, continuous_usage_stats=False))
 
     async def engine() -> AsyncIterator[tuple[int, Any]]:
