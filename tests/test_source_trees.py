@@ -205,3 +205,24 @@ def test_the_origin_is_asked_when_no_mirror_has_it_and_checked(
         obtain(_request(commit, "f" * 64, route), [], work, offline=False)
     assert "not the lock's" in exc.value.message and "nothing was kept" in exc.value.message
     assert list(work.iterdir()) == []
+
+
+def test_an_unreachable_origin_names_the_missing_mirror_too(
+        repo: tuple[Path, str], tmp_path: Path) -> None:
+    """A machine without the mirror folder and without the origin: the error says the mirror
+    is missing, not only that the network failed (a checkout away from ../shared)."""
+    import socket
+
+    _, commit = repo
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    route = f"http://127.0.0.1:{port}/fa/{{commit}}.tar.gz"
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(FetchError) as exc:
+        obtain(_request(commit, "f" * 64, route), [tmp_path / "shared-sources"], work,
+               offline=False)
+    assert f"{tmp_path / 'shared-sources'} (missing)" in exc.value.message
+    assert "cannot fetch http://127.0.0.1" in exc.value.message
+    assert list(work.iterdir()) == []

@@ -85,16 +85,23 @@ def obtain(request: TreeRequest, mirrors: list[Path], work: Path, *, offline: bo
         seen.append(f"{candidate}: tree {got[:16]}…")
         shutil.rmtree(tree)
     url = request.archive_url
+    # where the mirrors were looked for: a folder this machine lacks is named as missing, so
+    # a missing mirror is not taken for a network fault
+    looked = ", ".join(f"{m}{'' if m.is_dir() else ' (missing)'}" for m in mirrors) or "none"
+    where = "; ".join(seen) or f"no mirror holds {request.commit[:8]} (mirrors: {looked})"
+    hint = "put the tree's archive in a mirror folder ($QWEN38BUILD_SOURCES or [fetch] mirrors)"
     if offline or url is None:
-        where = "; ".join(seen) or f"no mirror holds {request.commit[:8]}"
         why = "offline mode forbids the origin" if offline else (
             f"{request.repository} has no known archive route (set `archive`)")
         raise FetchError(f"source {request.name!r} ({request.commit[:12]}): {where}, and {why}.",
-                         hint="put the tree's archive in a mirror folder "
-                              "($QWEN38BUILD_SOURCES or [fetch] mirrors)")
+                         hint=hint)
     say(f"fetching {url}")
     archive = work / "origin.archive"
-    _download(url, archive, request.name)
+    try:
+        _download(url, archive, request.name)
+    except FetchError as exc:
+        raise FetchError(f"source {request.name!r} ({request.commit[:12]}): {where}, and "
+                         f"{exc.message.split(': ', 1)[1]}", hint=hint) from None
     tree = work / "origin"
     unpack(archive, tree, request.paths)
     archive.unlink()
