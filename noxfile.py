@@ -174,6 +174,7 @@ def gpu_tests(session: nox.Session) -> None:
     if "fa2" in built and not os.environ.get("FA2FP8_LIB_DIR"):
         env["FA2FP8_LIB_DIR"] = wheel_libs(Path(built["fa2"]["wheel"]),
                                            Path(session.create_tmp()) / "fa2-lib")
+        session.log(f"FA2's libraries: {env['FA2FP8_LIB_DIR']} (from {built['fa2']['wheel']})")
     # QWEN38_GPU_REQUIRED turns the GPU tests' skips into failures: on this machine a
     # skip would be a pass that tested nothing.
     session.run("python", "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q", "-rA",
