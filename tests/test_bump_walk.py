@@ -25,8 +25,8 @@ def test_a_stopped_carry_names_the_workspace_to_export_and_what_continue_does(
     text = report.to_screen()
     assert f"`qwen38build export {ws}`" in text  # before: `qwen38build export`, no folder
     assert "stopped at topic conflict-c (3 carried before it)" in text
-    assert "`git cherry-pick --skip` to leave conflict-c for later" in text
-    assert "stops at the next conflict" in text
+    assert f"`qwen38build workspace continue {ws} --skip` to leave conflict-c for later" in text
+    assert "stops at the next conflict and says this again" in text
     # the walk: export kept `Cut-against: 0.0.1` and the lint refused every exported topic;
     # now export starts the header with the pin the hunks are cut on
     assert f"`Cut-against:` header with {NEW}" in text
@@ -113,6 +113,42 @@ def test_every_stop_of_the_carry_shows_the_base_of_its_conflicts(
                           capture_output=True, text=True)
     assert cont.returncode != 0 and "f.py" in cont.stdout + cont.stderr  # the next stop
     assert "|||||||" in (ws / "vllm" / "f.py").read_text()
+
+
+def test_workspace_continue_says_at_every_stop_what_the_first_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The walk: only the carry's first stop printed the tool's guidance; the stops that
+    `git cherry-pick --continue` reached showed git's own text. `workspace continue` goes on
+    and says at the next stop which topic, which files and what to do; refuses while files
+    are in conflict or where no carry is stopped; `--skip` leaves a topic for export to name."""
+    import subprocess
+
+    from qwen38build.cli import main
+
+    p = two_pins(tmp_path, monkeypatch, ["conflict-c", "base-f"])
+    ws = tmp_path / "ws"
+    r = bump.bump(p.loaded(), p.store, NEW, rebase=ws).rebase
+    assert r is not None and r.stopped_at == "conflict-c"
+    recipe = ["--recipe", str(p.root / "recipe.toml")]
+    capsys.readouterr()
+    # still in conflict: refused, nothing run
+    assert main([*recipe, "workspace", "continue", str(ws)]) == 2
+    assert "still in conflict: vllm/c.py" in capsys.readouterr().err
+    (ws / "vllm" / "c.py").write_text(numbered("c").replace("c line 10\n", "c line 10 both\n"))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    subprocess.run(["git", "add", "vllm/c.py"], cwd=ws, check=True, env=env)
+    assert main([*recipe, "workspace", "continue", str(ws)]) == 1
+    out = capsys.readouterr().out
+    assert "stopped at topic base-f" in out and "conflicts in vllm/f.py" in out
+    assert f"`qwen38build workspace continue {ws}`" in out
+    subject = subprocess.run(["git", "log", "-1", "--format=%s", "HEAD"], cwd=ws, env=env,
+                             check=True, capture_output=True, text=True).stdout.strip()
+    assert subject == "[qwen38] conflict-c"  # the topic's own message, no editor
+    assert main([*recipe, "workspace", "continue", str(ws), "--skip"]) == 0
+    assert "carries every topic" in capsys.readouterr().out
+    assert main([*recipe, "workspace", "continue", str(ws)]) == 2
+    assert "no carry is stopped here" in capsys.readouterr().err
 
 
 def test_a_skipped_topic_the_new_pin_carries_can_be_retired_and_export_says_how(

@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 
 from qwen38build.bump import kept, members
+from qwen38build.bump.carry import carry_state
 from qwen38build.bump.overlay import overlay_in_upstream
 from qwen38build.bump.report import (
     RETIRABLE,
@@ -330,7 +331,8 @@ def rebase_workspace(
     The new pristine package is committed as a child of ``v<old>`` and tagged
     ``v<new>``; branch ``qwen38-<new>`` starts there and gets each topic commit of
     ``v<old>..HEAD`` in order (3-way, diff3 conflict style). At a conflict it stops, with
-    git's cherry-pick state in place: resolve, ``git add``, ``git cherry-pick --continue``.
+    git's cherry-pick state in place: resolve, ``git add``, ``workspace continue DIR``
+    (:mod:`.carry`).
     """
     repo = repo.resolve()
     if not repo.exists() or not any(repo.iterdir()):
@@ -385,21 +387,5 @@ def rebase_workspace(
     gitrepo.git(repo, "config", "merge.conflictStyle", "diff3")
     proc = run(["git", "cherry-pick", "--keep-redundant-commits", "--allow-empty", *picks],
                what="git", cwd=repo, env=gitrepo.git_env()) if picks else None
-    done: list[str] = []
-    empty: list[str] = []
-    for c in workspace.read_commits(repo, f"{new_tag}..HEAD"):
-        topic = c.subject.removeprefix(workspace.SUBJECT_PREFIX)
-        done.append(topic)
-        parent_tree = git(repo, "rev-parse", f"{c.parent}^{{tree}}").strip() if c.parent else ""
-        if parent_tree == c.tree:
-            empty.append(topic)
-    skipped_t = tuple(dict.fromkeys(skipped))
-    if proc is None or proc.ok:
-        return RebaseResult(str(repo), branch, tuple(done), tuple(empty), skipped=skipped_t)
-    stuck = git(repo, "log", "-1", "--format=%s", "CHERRY_PICK_HEAD", check=False).strip()
-    files = git(repo, "diff", "--name-only", "--diff-filter=U").split()
-    return RebaseResult(
-        str(repo), branch, tuple(done), tuple(empty),
-        stuck.removeprefix(workspace.SUBJECT_PREFIX) or "(see git status)",
-        tuple(files) or ("(see git status)",), skipped=skipped_t,
-    )
+    return carry_state(repo, branch, new_tag, proc is None or proc.ok,
+                       tuple(dict.fromkeys(skipped)))

@@ -296,32 +296,7 @@ class BumpReport:
                     "workspace) moves them to series.retired, deletes their files and keeps "
                     "their prose in PATCHES.md's retired section."]
         if self.rebase is not None:
-            r = self.rebase
-            out.append("")
-            headers = (f"Export starts each exported patch's `Cut-against:` header with "
-                       f"{self.new_version}, the pin its hunks are now cut on; the rest of "
-                       "the header (what upstream has) is yours to update.")
-            if r.ok:
-                out.append(f"Workspace {r.repo}: branch {r.branch} carries every topic; "
-                           f"`qwen38build export {r.repo}` writes the patch files.")
-            else:
-                out.append(
-                    f"Workspace {r.repo}: branch {r.branch} stopped at topic {r.stopped_at} "
-                    f"({len(r.done)} carried before it), conflicts in "
-                    f"{', '.join(r.conflict_files)}. In {r.repo}: resolve them, `git add`, "
-                    "`git cherry-pick --continue` (it goes on with the topics after it and "
-                    "stops at the next conflict), or `git cherry-pick --skip` to leave "
-                    f"{r.stopped_at} for later (its commit stays on branch "
-                    f"{BRANCH}, and export names it); then `qwen38build export "
-                    f"{r.repo}` writes every finished topic and names the unfinished ones. "
-                    "A topic the new pin carries (its upstream diff in the report makes the "
-                    "same change): skip it, then `qwen38build retire TOPIC --why '...'`."
-                )
-            out.append(headers)
-            if r.empty:
-                out.append(f"Empty after the carry (upstream has them): {', '.join(r.empty)}.")
-            if r.skipped:
-                out.append(f"Not carried (retired): {', '.join(r.skipped)}.")
+            out += ["", *carry_lines(self.rebase, self.new_version)]
         elif not self.ok:
             out += ["", f"Next: `qwen38build bump vllm {self.new_version} --rebase DIR` "
                     "carries the series as commits onto the new pin in a git workspace, "
@@ -384,3 +359,34 @@ def next_step(p: PatchReport, refs: dict[str, str], most: int = 2) -> str:
         [f"{f} {' '.join(hunks[:4])}" + (f" +{len(hunks) - 4}" if len(hunks) > 4 else "")
          + (f" ({' '.join(used[:3])})" if used else "") + where(f)
          for f, (hunks, used) in files.items()])
+
+
+def carry_lines(r: RebaseResult, new_version: str) -> list[str]:
+    """What the carry's state asks of the user: export when every topic is carried, else
+    the stopped topic, its conflicts and the ways on (the first stop and every later one,
+    through ``workspace continue``, say the same)."""
+    out = []
+    if r.ok:
+        out.append(f"Workspace {r.repo}: branch {r.branch} carries every topic; "
+                   f"`qwen38build export {r.repo}` writes the patch files.")
+    else:
+        out.append(
+            f"Workspace {r.repo}: branch {r.branch} stopped at topic {r.stopped_at} "
+            f"({len(r.done)} carried before it), conflicts in "
+            f"{', '.join(r.conflict_files)}. In {r.repo}: resolve them, `git add`, "
+            f"`qwen38build workspace continue {r.repo}` (git's `cherry-pick --continue`: "
+            "it goes on with the topics after it, stops at the next conflict and says "
+            f"this again), or `qwen38build workspace continue {r.repo} --skip` to leave "
+            f"{r.stopped_at} for later (its commit stays on branch {BRANCH}, and export "
+            f"names it); then `qwen38build export {r.repo}` writes every finished topic and "
+            "names the unfinished ones. A topic the new pin carries (its upstream diff in the "
+            "report makes the same change): skip it, then `qwen38build retire TOPIC --why "
+            "'...'`.")
+    out.append(f"Export starts each exported patch's `Cut-against:` header with "
+               f"{new_version}, the pin its hunks are now cut on; the rest of the header "
+               "(what upstream has) is yours to update.")
+    if r.empty:
+        out.append(f"Empty after the carry (upstream has them): {', '.join(r.empty)}.")
+    if r.skipped:
+        out.append(f"Not carried (retired): {', '.join(r.skipped)}.")
+    return out

@@ -122,6 +122,12 @@ def _workspace_create(p: Any) -> None:
     p.add_argument("dir", nargs="?", help="where (default: ./workspace)")
 
 
+def _workspace_continue(p: Any) -> None:
+    p.add_argument("dir", help="the workspace whose carry stopped (bump --rebase DIR)")
+    p.add_argument("--skip", action="store_true", help="leave the stopped topic for later "
+                   "(git's cherry-pick --skip; export then names it)")
+
+
 def _export(p: Any) -> None:
     p.add_argument("dir", nargs="?", help="the workspace (default: ./workspace)")
     p.add_argument("topics", nargs="*", help="only these topics")
@@ -212,7 +218,10 @@ COMMANDS: tuple[Command, ...] = (
             _tree),
     Command("workspace", "a git workspace of the series: one commit per topic", None, sub=(
         Command("create", "pristine pin (tagged) plus one commit per topic",
-                "series:cmd_workspace_create", _workspace_create),)),
+                "series:cmd_workspace_create", _workspace_create),
+        Command("continue", "go on with a stopped carry onto a new pin (after resolving its "
+                "conflicts), saying at the next stop what to do", "series:cmd_workspace_continue",
+                _workspace_continue))),
     Command("export", "regenerate patch files from the workspace's commits",
             "series:cmd_export", _export),
     Command("bump", "move the pin and report, per patch, what the new pin means",

@@ -39,6 +39,19 @@ def cmd_workspace_create(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def cmd_workspace_continue(args: argparse.Namespace) -> int:
+    """``workspace continue DIR [--skip]``: the carry goes on from its stop; the next stop
+    says what the first one said (``bump/carry.py``)."""
+    from qwen38build.bump.carry import continue_carry
+    from qwen38build.bump.report import carry_lines
+
+    state, version = continue_carry(Path(args.dir), skip=args.skip)
+    print("\n".join(carry_lines(state, version)))
+    if not state.ok:
+        raise CheckFailed(f"the carry onto {version} stopped again, at {state.stopped_at}.")
+    return ExitCode.OK
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from qwen38build.workspace.workspace import export_topics
 
@@ -66,7 +79,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             f"not exported, no commit in {dest} yet: {', '.join(unfinished)} (every other "
             "topic was " + ("checked" if args.check else "exported") + ").",
             hint="finish them in the workspace (after a stopped carry: resolve, `git add`, "
-            "`git cherry-pick --continue`; else commit '[qwen38] TOPIC'"
+            f"`qwen38build workspace continue {dest}`; else commit '[qwen38] TOPIC'"
             + (f"; a skipped one: {again}" if again else "") + "), then export again; "
             "one the new pin carries (the bump report's upstream diff does its change): "
             "`qwen38build retire TOPIC --why '...'` takes it out of the series",
