@@ -192,8 +192,11 @@ def _built() -> dict[str, Path]:
             wheel, pristine_wheel, _ = built_wheels()
         except Exception as exc:  # no engine, no store: say so
             missing(f"no vLLM trees: set {TREE_ENV} or build the recipe ({exc})")
-        _BUILT["patched"] = _extract_py(wheel, _cache_dir(wheel, "tree"))
-        _BUILT["pristine"] = _extract_py(pristine_wheel, _cache_dir(pristine_wheel, "tree"))
+        # a store entry's folder is named by its digest: content-addressed already, so the
+        # 326 MB wheels are not hashed again here
+        _BUILT["patched"] = _extract_py(wheel, _CACHE / wheel.parent.name / "tree")
+        _BUILT["pristine"] = _extract_py(pristine_wheel,
+                                         _CACHE / pristine_wheel.parent.name / "tree")
     return _BUILT
 
 
@@ -455,6 +458,8 @@ def kernel_stubs() -> dict[str, types.ModuleType]:
     import triton
     import triton.language as tl
 
+    from tests.patches._helpers import OnceLogger
+
     def module(name: str, **attrs: Any) -> types.ModuleType:
         mod = types.ModuleType(name)
         mod.__dict__.update(attrs)
@@ -465,16 +470,6 @@ def kernel_stubs() -> dict[str, types.ModuleType]:
     except ImportError:  # pragma: no cover - older Triton
         tldevice = None
     platform = _Platform()
-
-    class _OnceLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
-        def info_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
-            self.info(msg, *args)
-
-        def warning_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
-            self.warning(msg, *args)
-
-        def debug_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
-            self.debug(msg, *args)
 
     class _RawEnvs(types.ModuleType):
         """`vllm.envs` as raw strings (None when unset), as these kernel files read it."""
@@ -487,7 +482,7 @@ def kernel_stubs() -> dict[str, types.ModuleType]:
                                     tldevice=tldevice, HAS_TRITON=True),
         "vllm.platforms": module("vllm.platforms", current_platform=platform),
         "vllm.logger": module("vllm.logger",
-                              init_logger=lambda name: _OnceLogger(logging.getLogger(name), {})),
+                              init_logger=lambda name: OnceLogger(logging.getLogger(name), {})),
         "vllm.envs": _RawEnvs("vllm.envs"),
         "vllm._custom_ops": module("vllm._custom_ops"),
         "vllm.v1.attention.backends.utils": module("vllm.v1.attention.backends.utils",
