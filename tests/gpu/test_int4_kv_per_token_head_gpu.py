@@ -12,14 +12,12 @@ run <= 1.25x rel of the causal int4 run against the causal core run. Each non-ca
 sequence differs from its causal run (the flag is honoured) and is closer to the core
 kernel's non-causal rows than the causal run is, while the causal ones agree; with
 ``causal=True`` the output is bit-equal to the pristine int4 kernel (defaults unchanged), with
-and without a sliding window (the pristine tree from ``$QWEN38_VLLM_PRISTINE``). On the tree
+and without a sliding window (the harness's pristine tree). On the tree
 cut before the patch unified_attention asserts "causal only": the per-sequence tests fail.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -123,10 +121,7 @@ def test_per_sequence_causal_against_core(mods: Any, case: Any) -> None:
 
 
 def _pristine_outputs(cases: Any) -> list[Any]:
-    tree = os.environ.get("QWEN38_VLLM_PRISTINE")
-    if not tree:
-        pytest.skip("QWEN38_VLLM_PRISTINE (the pristine tree) is not set")
-    vllm_tree.install(Path(tree))
+    vllm_tree.install(vllm_tree.pristine_root())
     try:
         ua, i4, mode = _load()
         return [_attn(ua, mode, b, True, w, int4=int4_cache(i4, b)) for b, w in cases]
