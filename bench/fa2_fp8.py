@@ -83,7 +83,8 @@ class Shape:
         self.outs = [torch.empty_like(q) for q in self.qs]
 
 
-def fa2_fns(s: Shape, fp8: bool, gen: torch.Generator) -> tuple[list[Callable[[], Any]], list[Any]]:
+def fa2_fns(s: Shape, fp8: bool, gen: torch.Generator,
+            num_splits: int = 0) -> tuple[list[Callable[[], Any]], list[Any]]:
     shape = (s.total, BS, KVH, D)
     if fp8:
         e4m3 = torch.float8_e4m3fn
@@ -96,7 +97,8 @@ def fa2_fns(s: Shape, fp8: bool, gen: torch.Generator) -> tuple[list[Callable[[]
         v = torch.randn(shape, device=DEV, generator=gen, dtype=torch.bfloat16)
         ks = vs = None
     fns = [(lambda i=i: fa2fp8.paged_decode(s.qs[i], k, v, s.tables[i], s.lens, k_descale=ks,
-                                            v_descale=vs, max_seq_len=s.ctx, out=s.outs[i]))
+                                            v_descale=vs, max_seq_len=s.ctx, out=s.outs[i],
+                                            num_splits=num_splits))
            for i in range(s.sets)]
     return fns, [k, v]
 

@@ -56,11 +56,16 @@ int block_n(int head_dim) {
 // and of each split's partial result. A split count s is only worth it when every split gets
 // work (the kernel gives each ceil(n_blocks / s) tiles, so fewer than s splits may be busy);
 // among those, take the fewest whose last wave fills at least 85% of the best filling any
-// reaches, and 1 when the CTAs already fill the machine's slots.
-int choose_splits(int ctas, int num_sms, int n_blocks) {
+// reaches, and 1 when the CTAs already fill the machine's slots. min_blocks: the fewest
+// tiles a split should get (fewer splits rather than splits too short to pay for their
+// start and their share of the combine).
+int choose_splits(int ctas, int num_sms, int n_blocks, int min_blocks = 1) {
     const int slots = num_sms * 2;  // two 128-thread CTAs of these tiles fit an SM
     if (ctas <= 0 || n_blocks <= 1 || ctas * 10 >= slots * 8) { return 1; }
-    const int max_splits = n_blocks < 128 ? n_blocks : 128;
+    int max_splits = n_blocks < 128 ? n_blocks : 128;
+    if (min_blocks > 1 && n_blocks / min_blocks < max_splits) {
+        max_splits = n_blocks / min_blocks > 1 ? n_blocks / min_blocks : 1;
+    }
     auto busy = [&](int s) { const int per = (n_blocks + s - 1) / s; return (n_blocks + per - 1) / per; };
     auto fill = [&](int s) {
         const long total = long(ctas) * s;
@@ -137,7 +142,16 @@ FA2FP8_EXPORT int fa2fp8_num_splits(int batch, int num_heads, int num_kv_heads, 
     const int m_blocks = (ngroups + 63) / 64;
     const int bn = block_n(head_dim);
     const int n_blocks = (max_seq_len + bn - 1) / bn;
-    return choose_splits(batch * num_kv_heads * m_blocks, num_sms, n_blocks);
+#if defined(FA2FP8_STOCK)
+    const int min_blocks = 1;
+#else
+    // The fp8 decode kernel, measured on the H200 (fa2/results/2026-12-01-h200-warpsplit.md,
+    // bench/fa2_splits.py): at 1 x 8k, 16 splits of 8 blocks took 21.9 us and 32 of 4 took
+    // 29.0; at 1 x 1k, 8 splits of 2 blocks 14.0 us and 16 of 1 15.5. So at least 8 blocks a
+    // split, or an eighth of the sequence's when it has fewer than 64.
+    const int min_blocks = n_blocks >= 64 ? 8 : (n_blocks + 7) / 8;
+#endif
+    return choose_splits(batch * num_kv_heads * m_blocks, num_sms, n_blocks, min_blocks);
 }
 
 FA2FP8_EXPORT int fa2fp8_paged_decode(

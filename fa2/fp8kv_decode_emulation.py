@@ -1,4 +1,4 @@
-# The lane-by-lane numpy emulation of fa2/candidates/fp8-kv-warpsplit.diff's fp8kv_decode_kernel
+# The lane-by-lane numpy emulation of fa2/fp8-kv.diff's fp8kv_decode_kernel
 # (one CTA: every warp and lane, the swizzled staging, the permuted head-dim order, the
 # m16n8k16 fragment layouts of the PTX ISA, bit-exact e4m3 decode, the cross-warp combine),
 # against a float64 reference attention. Written by us. Run: python3 THIS [SEED]; prints the

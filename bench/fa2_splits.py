@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""FA2 split-KV decode time against the split count, fp8 and stock bf16, at small batches.
+
+The library's own split count (fa2fp8_num_splits) is one rule for both kernels; this sweep
+shows, per batch x context, what every split count would give each of them, so the rule can
+be checked against the machine instead of a model (bench/fa2_fp8.py's shape and timing: CUDA
+graph replays over rotating inputs, median of --reps, per call).
+
+Usage: FA2FP8_LIB_DIR=DIR python3 bench/fa2_splits.py [--out table.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("fa2_fp8_bench", HERE / "fa2_fp8.py")
+assert _spec is not None and _spec.loader is not None
+fb = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fb)
+
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--grid", default="1x1024,1x4096,1x8192,2x8192,4x8192,8x8192,1x32768,8x32768")
+    ap.add_argument("--reps", type=int, default=15)
+    args = ap.parse_args()
+    grid = [tuple(int(x) for x in c.split("x")) for c in args.grid.split(",")]
+    gen = torch.Generator(device=fb.DEV).manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    libs = {k: fb.fa2fp8.load(k, props.major, props.minor) for k in ("fp8", "stock")}
+    lines = [f"Card: {props.name} (sm_{props.major}{props.minor}, {props.multi_processor_count} "
+             f"SMs), torch {torch.__version__}, {datetime.date.today().isoformat()}",
+             f"Shape: {fb.H} query heads, {fb.KVH} KV heads, head_dim {fb.D}, block_size {fb.BS}; "
+             f"us per call (graph replay, median of {args.reps}); * = the library's choice", "",
+             "| batch x context | kernel | " + " | ".join(f"s={s}" for s in SPLITS) + " | best |",
+             "|---|---|" + "---:|" * (len(SPLITS) + 1)]
+    print("\n".join(lines), flush=True)
+    for b, ctx in grid:
+        for name in ("fp8", "bf16"):
+            lib = libs["fp8" if name == "fp8" else "stock"]
+            chosen = int(lib.num_splits(b, fb.H, fb.KVH, fb.D, ctx))
+            s = fb.Shape(b, ctx, 1 if name == "fp8" else 2, gen)
+            cells, best = [], (math.inf, 0)
+            for n in SPLITS:
+                if n > math.ceil(ctx / 64):  # a split with no key block
+                    cells.append("")
+                    continue
+                fns, keep = fb.fa2_fns(s, name == "fp8", gen, num_splits=n)
+                t = fb.timed(fns, args.reps) * 1e6
+                del fns, keep
+                torch.cuda.empty_cache()
+                best = min(best, (t, n))
+                cells.append(f"{t:.1f}" + ("*" if n == chosen else ""))
+            line = (f"| {b} x {ctx} | {name} | " + " | ".join(cells)
+                    + f" | {best[0]:.1f} (s={best[1]}) |")
+            lines.append(line)
+            print(line, flush=True)
+            del s
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
