@@ -130,13 +130,18 @@ def pthfa_ready() -> str:
     return ""
 
 
-def main() -> int:
+def parse_args(default_grid: str) -> tuple[argparse.Namespace, list[tuple[int, ...]]]:
+    """--out, --grid (batch x context, comma-separated) and --reps, and the grid parsed."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--grid", default="1x1024,1x8192,8x8192,32x8192,64x8192,8x32768,64x32768")
+    ap.add_argument("--grid", default=default_grid)
     ap.add_argument("--reps", type=int, default=15)
     args = ap.parse_args()
-    grid = [tuple(int(x) for x in c.split("x")) for c in args.grid.split(",")]
+    return args, [tuple(int(x) for x in c.split("x")) for c in args.grid.split(",")]
+
+
+def main() -> int:
+    args, grid = parse_args("1x1024,1x8192,8x8192,32x8192,64x8192,8x32768,64x32768")
     gen = torch.Generator(device=DEV).manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     major, minor = props.major, props.minor

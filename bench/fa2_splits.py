@@ -11,7 +11,6 @@ Usage: FA2FP8_LIB_DIR=DIR python3 bench/fa2_splits.py [--out table.md]
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import importlib.util
 import math
@@ -30,12 +29,7 @@ SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path)
-    ap.add_argument("--grid", default="1x1024,1x4096,1x8192,2x8192,4x8192,8x8192,1x32768,8x32768")
-    ap.add_argument("--reps", type=int, default=15)
-    args = ap.parse_args()
-    grid = [tuple(int(x) for x in c.split("x")) for c in args.grid.split(",")]
+    args, grid = fb.parse_args("1x1024,1x4096,1x8192,2x8192,4x8192,8x8192,1x32768,8x32768")
     gen = torch.Generator(device=fb.DEV).manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     libs = {k: fb.fa2fp8.load(k, props.major, props.minor) for k in ("fp8", "stock")}
