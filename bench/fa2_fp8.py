@@ -130,14 +130,20 @@ def pthfa_ready() -> str:
     return ""
 
 
-def parse_args(default_grid: str) -> tuple[argparse.Namespace, list[tuple[int, ...]]]:
+def parse_args(default_grid: str) -> tuple[argparse.Namespace, list[tuple[int, int]]]:
     """--out, --grid (batch x context, comma-separated) and --reps, and the grid parsed."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--grid", default=default_grid)
+    ap.add_argument("--grid", default=default_grid, help=f"default {default_grid}")
     ap.add_argument("--reps", type=int, default=15)
     args = ap.parse_args()
-    return args, [tuple(int(x) for x in c.split("x")) for c in args.grid.split(",")]
+    try:
+        grid = [(int(b), int(c)) for b, c in (cell.split("x") for cell in args.grid.split(","))]
+    except ValueError:
+        ap.error(f"--grid {args.grid!r}: give BATCHxCONTEXT cells separated by commas")
+    if any(b <= 0 or c <= 0 for b, c in grid) or args.reps <= 0:
+        ap.error("--grid sizes and --reps must be positive")
+    return args, grid
 
 
 def main() -> int:

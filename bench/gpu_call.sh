@@ -12,7 +12,11 @@
 # trees, as ../shared/sources names them) and cuts/ (bench/gpu_series_cuts.py pack);
 # see README "GPU tests". SUITE_S and CUTS_S bound the two stages (seconds).
 set -u
-C=$(cd "${1:?CARRIED}" && pwd); OUT=${2:?OUT}
+if [ $# -ne 2 ] || [ ! -d "$1/wheels" ] || [ ! -d "$1/sources" ]; then
+  echo "usage: bench/gpu_call.sh CARRIED OUT (CARRIED holds wheels/ and sources/; got: ${1:-nothing})" >&2
+  exit 2
+fi
+C=$(cd "$1" && pwd); OUT=$2
 mkdir -p "$OUT"; L=$(mktemp -d); export PYTHONUNBUFFERED=1
 pack() { tar czf "$OUT/gpu-call.tgz" -C "$L" . ; }
 { date -u; nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader

@@ -67,8 +67,8 @@ def pack(out: Path, topics: list[str]) -> int:
 
     unknown = sorted(set(topics) - set(SERIES))
     if unknown:
-        print(f"not in the recipe's patches/ group: {', '.join(unknown)}")
-        return 1
+        print(f"error: not in the recipe's patches/ group: {', '.join(unknown)}", file=sys.stderr)
+        return 2
     _, pristine_wheel, _ = built_wheels()
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="qwen38-gpucuts-") as tmp:
@@ -188,7 +188,7 @@ def main(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="verb", required=True)
     p = sub.add_parser("pack")
     p.add_argument("out", type=Path)
-    p.add_argument("topics", nargs="*")
+    p.add_argument("topics", nargs="+")
     r = sub.add_parser("run")
     r.add_argument("pack", type=Path)
     r.add_argument("--trees", type=Path, default=REPO / "result" / "vllm-py-trees.zip",
@@ -198,6 +198,10 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.verb == "pack":
         return pack(args.out, args.topics)
+    if not (args.pack / "pack.json").is_file():
+        parser.error(f"{args.pack}: not a pack (no pack.json; `pack OUT TOPIC...` makes one)")
+    if not zipfile.is_zipfile(args.trees):
+        parser.error(f"{args.trees}: not the zip of `qwen38build build --only vllm-py`")
     return run(args.pack, args.trees, args.results, args.pytest_args)
 
 
