@@ -39,15 +39,12 @@ namespace {
 
 // kBlockN of the split-KV tiles for a head dim, as run_mha_fwd_splitkv_dispatch picks them for
 // num_splits > 1, and run_mha_fwd_splitkv_fp8kv_dispatch for every num_splits: the diff's
-// fp8kv_block_n (fa2/fp8-kv.diff defines it); a diff without one gets the tiles of the
-// design before it.
+// fp8kv_block_n (flash.h).
 int block_n(int head_dim) {
 #if defined(FA2FP8_STOCK)
     return head_dim <= 64 ? 256 : (head_dim <= 128 ? 128 : 64);
-#elif defined(FLASH_FP8KV_HAS_BLOCK_N)
-    return FLASH_NAMESPACE::fp8kv_block_n(head_dim);
 #else
-    return head_dim <= 64 ? 256 : (head_dim <= 128 ? 128 : 32);
+    return FLASH_NAMESPACE::fp8kv_block_n(head_dim);
 #endif
 }
 
