@@ -83,8 +83,8 @@ class Shape:
         self.outs = [torch.empty_like(q) for q in self.qs]
 
 
-def fa2_fns(s: Shape, fp8: bool, gen: torch.Generator,
-            num_splits: int = 0) -> tuple[list[Callable[[], Any]], list[Any]]:
+def fa2_fns(s: Shape, fp8: bool, gen: torch.Generator, num_splits: int = 0,
+            combine_kernel: bool = False) -> tuple[list[Callable[[], Any]], list[Any]]:
     shape = (s.total, BS, KVH, D)
     if fp8:
         e4m3 = torch.float8_e4m3fn
@@ -98,7 +98,8 @@ def fa2_fns(s: Shape, fp8: bool, gen: torch.Generator,
         ks = vs = None
     fns = [(lambda i=i: fa2fp8.paged_decode(s.qs[i], k, v, s.tables[i], s.lens, k_descale=ks,
                                             v_descale=vs, max_seq_len=s.ctx, out=s.outs[i],
-                                            num_splits=num_splits))
+                                            num_splits=num_splits,
+                                            combine_kernel=combine_kernel))
            for i in range(s.sets)]
     return fns, [k, v]
 

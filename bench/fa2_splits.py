@@ -2,9 +2,10 @@
 """FA2 split-KV decode time against the split count, fp8 and stock bf16, at small batches.
 
 The library's own split count (fa2fp8_num_splits) is one rule for both kernels; this sweep
-shows, per batch x context, what every split count would give each of them, so the rule can
-be checked against the machine instead of a model (bench/fa2_fp8.py's shape and timing: CUDA
-graph replays over rotating inputs, median of --reps, per call).
+shows, per batch x context, what every split count would give each of them (the fp8 one
+twice: its splits merged by the decode kernel's last split, and by FA2's combine kernel), so
+the rule can be checked against the machine instead of a model (bench/fa2_fp8.py's shape and
+timing: CUDA graph replays over rotating inputs, median of --reps, per call).
 
 Usage: FA2FP8_LIB_DIR=DIR python3 bench/fa2_splits.py [--out table.md]
 """
@@ -41,16 +42,18 @@ def main() -> int:
              "|---|---|" + "---:|" * (len(SPLITS) + 1)]
     print("\n".join(lines), flush=True)
     for b, ctx in grid:
-        for name in ("fp8", "bf16"):
-            lib = libs["fp8" if name == "fp8" else "stock"]
+        for name in ("fp8", "fp8 combine kernel", "bf16"):
+            fp8 = name.startswith("fp8")
+            lib = libs["fp8" if fp8 else "stock"]
             chosen = int(lib.num_splits(b, fb.H, fb.KVH, fb.D, ctx))
-            s = fb.Shape(b, ctx, 1 if name == "fp8" else 2, gen)
+            s = fb.Shape(b, ctx, 1 if fp8 else 2, gen)
             cells, best = [], (math.inf, 0)
             for n in SPLITS:
                 if n > math.ceil(ctx / 64):  # a split with no key block
                     cells.append("")
                     continue
-                fns, keep = fb.fa2_fns(s, name == "fp8", gen, num_splits=n)
+                fns, keep = fb.fa2_fns(s, fp8, gen, num_splits=n,
+                                       combine_kernel=name == "fp8 combine kernel")
                 t = fb.timed(fns, args.reps) * 1e6
                 del fns, keep
                 torch.cuda.empty_cache()

@@ -15,6 +15,9 @@
 //   softmax_lse [batch, num_heads] float32
 //   o_accum     [num_splits, batch, num_heads, head_dim] float32 and
 //   lse_accum   [num_splits, batch, num_heads] float32, when num_splits > 1
+//   split_counters [batch, num_kv_heads] int32, zero, or NULL (fp8 build, num_splits > 1: with
+//               them the decode kernel's last split of each (sequence, KV head) merges the
+//               splits, which saves the combine kernel's launch; the kernel leaves them zero)
 // The GQA group of a KV head rides in FA2's seqlen_q (its "seqlenq_ngroups_swapped" form): one
 // CTA reads each K/V tile once for all num_heads / num_kv_heads queries of the group.
 
@@ -27,7 +30,7 @@
 #include "namespace_config.h"
 #include "flash.h"
 
-#define FA2FP8_ABI_VERSION 1
+#define FA2FP8_ABI_VERSION 2
 // The build hides every symbol (-fvisibility=hidden) but these.
 #define FA2FP8_EXPORT __attribute__((visibility("default")))
 
@@ -158,7 +161,7 @@ FA2FP8_EXPORT int fa2fp8_paged_decode(
     const int32_t *block_table, int64_t block_table_batch_stride, int block_size,
     const int32_t *seq_lens, int max_seq_len,
     void *out, int64_t o_batch_stride, int64_t o_head_stride,
-    float *softmax_lse, float *o_accum, float *lse_accum,
+    float *softmax_lse, float *o_accum, float *lse_accum, int32_t *split_counters,
     const float *k_descale, int64_t k_descale_batch_stride, int64_t k_descale_head_stride,
     const float *v_descale, int64_t v_descale_batch_stride, int64_t v_descale_head_stride,
     int batch, int num_heads, int num_kv_heads, int head_dim,
@@ -247,7 +250,9 @@ FA2FP8_EXPORT int fa2fp8_paged_decode(
     params.k_descale_head_stride = k_descale_head_stride;
     params.v_descale_batch_stride = v_descale_batch_stride;
     params.v_descale_head_stride = v_descale_head_stride;
+    params.fp8kv_split_counters = num_splits > 1 ? split_counters : nullptr;
 #else
+    (void)split_counters;
     (void)k_descale; (void)k_descale_batch_stride; (void)k_descale_head_stride;
     (void)v_descale; (void)v_descale_batch_stride; (void)v_descale_head_stride;
 #endif

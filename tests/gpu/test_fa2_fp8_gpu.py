@@ -215,9 +215,69 @@ def test_fp8_head_dims_dtypes_descales(d: int, name: str, scales: str) -> None:
 
 @pytest.mark.parametrize("num_splits", [1, 2, 5, 33])
 def test_fp8_forced_splits(num_splits: int) -> None:
-    # 1: the non-split kernel writing O directly; others: partials and the combine kernel.
+    # 1: the non-split kernel writing O directly; others: partials merged by the last split.
     c = Case(_lens(3, 5000, 16, 5), 128, "bf16", "head", seed=50 + num_splits)
     _run_fp8(c, f"fp8 bf16 d128 3x5000 splits={num_splits}", num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [2, 5, 33])
+def test_fp8_merge_in_kernel(num_splits: int) -> None:
+    """With split counters the decode kernel's last split merges the splits; without, FA2's
+    combine kernel does. Both within the bound; the two merges within one output rounding of
+    each other; the counters zero again after; and the same bits run to run, whichever split
+    finishes last (the merge sums in split order)."""
+    c = Case(_lens(3, 5000, 16, 6), 128, "bf16", "head", seed=60 + num_splits)
+    counters = torch.zeros(3 * KV_HEADS, dtype=torch.int32, device=DEV)
+    outs = []
+    for combine_kernel in (False, False, True):
+        out = torch.full_like(c.q, float("nan"))
+        fa2fp8.paged_decode(c.q, c.k8, c.v8, c.block_table, c.seq_lens, k_descale=c.ks,
+                            v_descale=c.vs, num_splits=num_splits, out=out,
+                            split_counters=counters, combine_kernel=combine_kernel)
+        torch.cuda.synchronize()
+        outs.append(out)
+    assert int(counters.abs().sum()) == 0, "the kernel left a split counter non-zero"
+    assert torch.equal(outs[0], outs[1]), "the in-kernel merge differs from one run to the next"
+    want = c.reference(c.k8, c.v8, descaled=True)
+    _check(f"fp8 bf16 d128 3x5000 splits={num_splits} merged in kernel", outs[0], want, "bf16", num_splits)
+    _check(f"fp8 bf16 d128 3x5000 splits={num_splits} combine kernel", outs[2], want, "bf16", num_splits)
+    gap = float((outs[0].float() - outs[2].float()).abs().max() / outs[2].float().abs().max())
+    assert gap <= 2 * ROUND["bf16"], f"the two merges differ by {gap:.2e} of the largest output"
+
+
+def test_fp8_merge_in_kernel_graph_replay() -> None:
+    """Captured in a CUDA graph with the module's own counters, replays give the eager bits."""
+    c = Case(_lens(2, 3000, 16, 8), 128, "bf16", "head", seed=71)
+    args = (c.q, c.k8, c.v8, c.block_table, c.seq_lens)
+    kw = {"k_descale": c.ks, "v_descale": c.vs, "num_splits": 8, "max_seq_len": max(c.lens)}
+    eager = fa2fp8.paged_decode(*args, **kw).clone()
+    out = torch.empty_like(c.q)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fa2fp8.paged_decode(*args, out=out, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fa2fp8.paged_decode(*args, out=out, **kw)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), "a graph replay differs from the eager call"
+
+
+def test_fp8_max_seq_len_below_a_length() -> None:
+    """Splits are cut from max_seq_len; a sequence longer than it (a caller's mistake) is cut
+    from its own length instead, not truncated."""
+    c = Case([3001, 700], 128, "bf16", "head", seed=72)
+    out = torch.full_like(c.q, float("nan"))
+    fa2fp8.paged_decode(c.q, c.k8, c.v8, c.block_table, c.seq_lens, k_descale=c.ks,
+                        v_descale=c.vs, num_splits=4, max_seq_len=1000, out=out)
+    torch.cuda.synchronize()
+    _check("fp8 bf16 d128 [3001, 700], max_seq_len 1000", out,
+           c.reference(c.k8, c.v8, descaled=True), "bf16", 4)
 
 
 @pytest.mark.parametrize("block_size", [32, 64])
@@ -274,6 +334,9 @@ def test_fp8_rejects_what_it_cannot_run() -> None:
     with pytest.raises(ValueError, match="descale of shape"):
         fa2fp8.paged_decode(c.q, c.k8, c.v8, c.block_table, c.seq_lens,
                             k_descale=torch.ones(3, device=DEV))
+    with pytest.raises(ValueError, match="split_counters"):
+        fa2fp8.paged_decode(c.q, c.k8, c.v8, c.block_table, c.seq_lens, num_splits=2,
+                            split_counters=torch.zeros(2 * KV_HEADS - 1, dtype=torch.int32, device=DEV))
     with pytest.raises(ValueError, match="head_dim"):
         fa2fp8.paged_decode(c.q[..., :96].contiguous(), c.k8[..., :96].contiguous(),
                             c.v8[..., :96].contiguous(), c.block_table, c.seq_lens)

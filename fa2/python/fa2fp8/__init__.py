@@ -22,7 +22,7 @@ from typing import Any
 
 __all__ = ["ABI_VERSION", "descale_strides", "find_library", "lib_dir", "load", "paged_decode"]
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 KINDS = {"fp8": "libfa2fp8", "stock": "libfa2stock"}
 HEAD_DIMS = (64, 128, 256)
 
@@ -105,7 +105,7 @@ class _Lib:
             vp, i64, i32,                 # block table, its batch stride, block size
             vp, i32,                      # seq lens, max seq len
             vp, i64, i64,                 # out, batch / head strides
-            vp, vp, vp,                   # softmax lse, o accum, lse accum
+            vp, vp, vp, vp,               # softmax lse, o accum, lse accum, split counters
             vp, i64, i64,                 # k descale, batch / head strides
             vp, i64, i64,                 # v descale
             i32, i32, i32, i32,           # batch, heads, kv heads, head dim
@@ -129,13 +129,35 @@ def load(kind: str, major: int, minor: int,
         return lib
 
 
+_COUNTERS: dict[tuple[int, int], list[Any]] = {}
+_COUNTERS_MIN = 1 << 16
+
+
+def _split_counters(device: Any, stream: int, n: int) -> Any:
+    """This module's zeroed int32 split counters for (device, stream), at least n of them.
+
+    The kernel leaves them zero, so one buffer serves every later call on the stream (calls on
+    one stream never overlap; two streams get two buffers). A buffer is never freed once made:
+    a CUDA graph that captured its address may replay it.
+    """
+    import torch
+
+    key = (device.index if device.index is not None else torch.cuda.current_device(), stream)
+    with _LOCK:
+        kept = _COUNTERS.setdefault(key, [])
+        if not kept or kept[-1].numel() < n:
+            kept.append(torch.zeros(max(n, _COUNTERS_MIN), dtype=torch.int32, device=device))
+        return kept[-1]
+
+
 _ERRORS = {-1: "invalid arguments", -2: "not built into this library (head dim, dtype or KV kind)"}
 
 
 def paged_decode(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any, *,
                  k_descale: Any = None, v_descale: Any = None,
                  softmax_scale: float | None = None, num_splits: int = 0, out: Any = None,
-                 max_seq_len: int | None = None,
+                 max_seq_len: int | None = None, split_counters: Any = None,
+                 combine_kernel: bool = False,
                  lib_directory: str | os.PathLike[str] | None = None) -> Any:
     """Decode attention, one query token per sequence, over vLLM's flash_attn paged cache.
 
@@ -145,7 +167,11 @@ def paged_decode(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens:
     int32; seq_lens [batch] int32, each >= 1. k_descale / v_descale: float32 on q's device,
     None (1.0), one value, [num_kv_heads] or [batch, num_kv_heads]; the cache holds
     value / descale. ``max_seq_len`` bounds seq_lens (read from the device, one sync, when
-    omitted). num_splits 0 lets the library choose. Returns ``out`` [batch, num_heads,
+    omitted). num_splits 0 lets the library choose. With several splits over an fp8 cache the
+    decode kernel's last split of each (sequence, KV head) merges them, counting arrivals in
+    ``split_counters`` (int32 on q's device, at least batch * num_kv_heads, zero, left zero;
+    None: this module's own buffer for the stream); ``combine_kernel=True`` runs FA2's combine
+    kernel instead, a second launch. Returns ``out`` [batch, num_heads,
     head_dim] in q's dtype, on torch's current stream.
     """
     import torch
@@ -216,6 +242,17 @@ def paged_decode(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens:
                                 device=dev)
             lse_acc = torch.empty((num_splits, batch, num_heads), dtype=torch.float32, device=dev)
         stream = torch.cuda.current_stream(dev).cuda_stream
+        counters = None
+        if kind == "fp8" and num_splits > 1 and not combine_kernel:
+            if split_counters is None:
+                counters = _split_counters(dev, stream, batch * num_kv_heads)
+            elif (split_counters.dtype != torch.int32 or split_counters.device != dev
+                  or not split_counters.is_contiguous()
+                  or split_counters.numel() < batch * num_kv_heads):
+                raise ValueError(f"split_counters: contiguous int32 on q's device, at least "
+                                 f"batch * num_kv_heads = {batch * num_kv_heads}")
+            else:
+                counters = split_counters
         rc = lib.decode(
             q.data_ptr(), q.stride(0), q.stride(1),
             k_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -225,6 +262,7 @@ def paged_decode(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens:
             out.data_ptr(), out.stride(0), out.stride(1),
             lse.data_ptr(),
             0 if o_acc is None else o_acc.data_ptr(), 0 if lse_acc is None else lse_acc.data_ptr(),
+            0 if counters is None else counters.data_ptr(),
             *scales[0], *scales[1],
             batch, num_heads, num_kv_heads, head_dim,
             int(q.dtype == torch.bfloat16), int(kind == "fp8"), float(softmax_scale), num_splits,
