@@ -145,11 +145,12 @@ FA2FP8_EXPORT int fa2fp8_num_splits(int batch, int num_heads, int num_kv_heads, 
 #if defined(FA2FP8_STOCK)
     const int min_blocks = 1;
 #else
-    // The fp8 decode kernel, measured on the H200 (fa2/results/2026-12-01-h200-warpsplit.md,
-    // bench/fa2_splits.py): at 1 x 8k, 16 splits of 8 blocks took 21.9 us and 32 of 4 took
-    // 29.0; at 1 x 1k, 8 splits of 2 blocks 14.0 us and 16 of 1 15.5. So at least 8 blocks a
-    // split, or an eighth of the sequence's when it has fewer than 64.
-    const int min_blocks = n_blocks >= 64 ? 8 : (n_blocks + 7) / 8;
+    // The fp8 decode kernel, measured on the H200 with its in-kernel merge (bench/fa2_splits.py,
+    // fa2/results/2026-12-01-h200-merge.md): at batch 1 the best split counts were 8 at 1k
+    // (2 blocks a split), 16 at 2k, 4k and 8k (2, 4 and 8 blocks) and 32 at 32k (16 blocks);
+    // at 512, 8 splits of 1 block (7.0 us) beat 4 of 2 (7.4) by little. So a sixteenth of the
+    // sequence's blocks a split, within 2 and 16.
+    const int min_blocks = n_blocks / 16 < 2 ? 2 : (n_blocks / 16 > 16 ? 16 : n_blocks / 16);
 #endif
     return choose_splits(batch * num_kv_heads * m_blocks, num_sms, n_blocks, min_blocks);
 }

@@ -170,8 +170,9 @@ def paged_decode(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens:
     omitted). num_splits 0 lets the library choose. With several splits over an fp8 cache the
     decode kernel's last split of each (sequence, KV head) merges them, counting arrivals in
     ``split_counters`` (int32 on q's device, at least batch * num_kv_heads, zero, left zero;
-    None: this module's own buffer for the stream); ``combine_kernel=True`` runs FA2's combine
-    kernel instead, a second launch. Returns ``out`` [batch, num_heads,
+    None: this module's own buffer for the stream; calls that may run at once need their own,
+    such as two CUDA graphs captured on one stream and replayed on two); ``combine_kernel=True``
+    runs FA2's combine kernel instead, a second launch. Returns ``out`` [batch, num_heads,
     head_dim] in q's dtype, on torch's current stream.
     """
     import torch
