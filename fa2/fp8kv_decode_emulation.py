@@ -1,8 +1,10 @@
 # The lane-by-lane numpy emulation of fa2/fp8-kv.diff's fp8kv_decode_kernel
 # (one CTA: every warp and lane, the swizzled staging, the permuted head-dim order, the
-# m16n8k16 fragment layouts of the PTX ISA, bit-exact e4m3 decode, the cross-warp combine),
-# against a float64 reference attention. Written by us. Run: python3 THIS [SEED]; prints the
-# worst relative error (float64 rounding, ~1e-15, when the index logic is right).
+# m16n8k16 fragment layouts of the PTX ISA, bit-exact e4m3 decode, the cross-warp combine
+# through its padded fragment-order rows, the splits cut from the launch's longest sequence,
+# the last split's merge of all of them), against a float64 reference attention. Written by
+# us. Run: python3 THIS [SEED]; prints the worst relative error (float64 rounding, ~1e-15,
+# when the index logic is right).
 import numpy as np, math, sys
 rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 
@@ -34,14 +36,20 @@ def mma(Dl, Al, B0l, B1l):
         g, c = lane // 4, lane % 4
         Dl[lane][0] += D[g, 2*c]; Dl[lane][1] += D[g, 2*c+1]; Dl[lane][2] += D[g+8, 2*c]; Dl[lane][3] += D[g+8, 2*c+1]
 
-def run(d, nrows, seqlen_k, num_splits, split, Q, K8, V8, scale, kdesc, vdesc, page=16, table=None):
+def split_range(seqlen_k, max_seqlen_k, num_splits, split):
+    # The kernel's cut: from the launch's longest sequence, else (longer, a caller's mistake)
+    # from the sequence's own length. Blocks [n_min, n_max).
+    n_blocks = (seqlen_k + 63) // 64; n_launch = (max_seqlen_k + 63) // 64
+    per = ((n_blocks if n_blocks > n_launch else n_launch) + num_splits - 1) // num_splits
+    n_min = split * per
+    return n_min, min(n_blocks, n_min + per)
+
+def run(d, nrows, seqlen_k, num_splits, split, Q, K8, V8, scale, kdesc, vdesc, page=16, table=None, max_seqlen_k=None):
     kBlockN, kSliceN, kChunks = 64, 16, d // 16
     kStages = 1 + 8192 // (2 * 16 * d)
     log2e = 1.4426950408889634
     scale_log2 = scale * log2e * kdesc
-    n_blocks = (seqlen_k + 63) // 64
-    per = (n_blocks + num_splits - 1) // num_splits
-    n_min = split * per; n_max = min(n_blocks, n_min + per)
+    n_min, n_max = split_range(seqlen_k, max_seqlen_k or seqlen_k, num_splits, split)
     # Q fragments
     qf = {}
     for lane in range(32):
@@ -50,7 +58,8 @@ def run(d, nrows, seqlen_k, num_splits, split, Q, K8, V8, scale, kdesc, vdesc, p
             row = g + 8*h
             seg = Q[row, c*(d//4):(c+1)*(d//4)] if row < nrows else np.zeros(d//4)
             qf[lane, h] = [(seg[2*m], seg[2*m+1]) for m in range(d//8)]
-    sM = np.zeros((4, 16)); sL = np.zeros((4, 16)); sO = np.zeros((4, 16, d))
+    RS = d + 8  # sO's padded row: [warp][row][8 t + n] holds n-atom t's column n
+    sM = np.zeros((4, 16)); sL = np.zeros((4, 16)); sO = np.full((4, 16, RS), np.nan)
     for warp in range(4):
         count = max(n_max - n_min, 0)
         if count > 0 and (n_max - 1) * 64 + warp * 16 >= seqlen_k: count -= 1
@@ -132,9 +141,8 @@ def run(d, nrows, seqlen_k, num_splits, split, Q, K8, V8, scale, kdesc, vdesc, p
             sM[warp, g] = m[lane][0]; sM[warp, g+8] = m[lane][1]
             sL[warp, g] = sum(l[x][0] for x in quad); sL[warp, g+8] = sum(l[x][1] for x in quad)
             for t in range(d // 8):
-                for e in range(4):
-                    row = g + 8*(e >> 1); col = (2*c + (e & 1)) * (d // 8) + t
-                    sO[warp, row, col] = acc_o[lane][t][e]
+                for e in range(4):  # (float2 stores: e = 0, 1 and 2, 3 side by side)
+                    sO[warp, g + 8*(e >> 1), 8*t + 2*c + (e & 1)] = acc_o[lane][t][e]
     out = np.zeros((nrows, d)); lse = np.zeros(nrows)
     for row in range(nrows):
         M = sM[:, row].max(); base = 0 if M == -math.inf else M
@@ -142,15 +150,32 @@ def run(d, nrows, seqlen_k, num_splits, split, Q, K8, V8, scale, kdesc, vdesc, p
         empty = L == 0
         inv = 1 if empty else vdesc / L
         lse[row] = (-math.inf if num_splits > 1 else math.inf) if empty else (base + math.log2(L)) * math.log(2)
-        out[row] = (fw[:, None] * sO[:, row, :]).sum(0) * inv
+        # thread (row, n): head-dim positions n * d/8 + j, read at 8 j + n
+        for n in range(8):
+            for j in range(d // 8):
+                out[row, n * (d // 8) + j] = (fw * sO[:, row, 8*j + n]).sum() * inv
     return out, lse
 
-def ref(d, nrows, seqlen_k, num_splits, split, Q, K8, V8, scale, kdesc, vdesc, page, table):
+def merge(parts):
+    # The last split's merge: one pass in split order, a running max; empty splits skipped.
+    d = parts[0][0].shape[1]; nrows = parts[0][0].shape[0]
+    out = np.zeros((nrows, d)); lse = np.zeros(nrows)
+    for row in range(nrows):
+        acc = np.zeros(d); lmax = -math.inf; lsum = 0.0
+        for o, l in parts:
+            if l[row] == -math.inf: continue
+            nmax = max(lmax, l[row]); keep = math.exp(lmax - nmax); w = math.exp(l[row] - nmax)
+            lmax = nmax; lsum = lsum * keep + w; acc = acc * keep + w * o[row]
+        none = lsum == 0
+        out[row] = 0 if none else acc / lsum
+        lse[row] = math.inf if none else math.log(lsum) + lmax
+    return out, lse
+
+def ref(d, nrows, seqlen_k, num_splits, split, Q, K8, V8, scale, kdesc, vdesc, page, table, max_seqlen_k=None):
     keys = np.arange(seqlen_k)
     rows = np.array([table[k // page] * page + k % page for k in keys], dtype=int)
-    n_blocks = (seqlen_k + 63) // 64; per = (n_blocks + num_splits - 1) // num_splits
-    lo = split * per * 64; hi = min(seqlen_k, (split + 1) * per * 64)
-    rows = rows[lo:hi]
+    n_min, n_max = split_range(seqlen_k, max_seqlen_k or seqlen_k, num_splits, split)
+    rows = rows[n_min * 64:max(n_min, n_max) * 64]
     K = DEC[K8[rows]] * kdesc; V = DEC[V8[rows]] * vdesc
     S = Q[:nrows] @ K.T * scale
     if len(rows) == 0: return np.zeros((nrows, d)), None
@@ -172,4 +197,19 @@ for d in (128, 64):
         lerr = np.abs(lse - rl).max() if rl is not None else 0
         worst = max(worst, err, lerr)
         print(d, nrows, seqlen_k, ns, sp, page, f"rel err {err:.2e} lse err {lerr:.2e}")
+    # Every split of a sequence, cut from a longer launch (or, at 300 < 327, its own length),
+    # merged by the last split, against attention over the whole sequence.
+    for (nrows, seqlen_k, max_k, ns) in [(4, 64 * 5 + 7, 64 * 9, 4), (4, 64 * 5 + 7, 300, 3), (16, 200, 200, 3)]:
+        page = 16; npages = (max(seqlen_k, max_k) + page - 1) // page + 3
+        table = rng.permutation(npages)
+        Q = rng.standard_normal((16, d)).astype(np.float32)
+        K8 = rng.integers(0, 256, (npages * page, d)); V8 = rng.integers(0, 256, (npages * page, d))
+        K8[(K8 & 0x7F) == 0x7F] = 0; V8[(V8 & 0x7F) == 0x7F] = 0
+        scale = 1 / math.sqrt(d) * 0.05
+        parts = [run(d, nrows, seqlen_k, ns, sp, Q, K8, V8, scale, 0.7, 1.3, page, table, max_k) for sp in range(ns)]
+        o, lse = merge(parts)
+        r, rl = ref(d, nrows, seqlen_k, 1, 0, Q, K8, V8, scale, 0.7, 1.3, page, table)
+        err = np.abs(o - r).max() / (np.abs(r).max() + 1e-30); lerr = np.abs(lse - rl).max()
+        worst = max(worst, err, lerr)
+        print(d, nrows, seqlen_k, f"launch max {max_k}, {ns} splits merged: rel err {err:.2e} lse err {lerr:.2e}")
 print("worst", worst)
