@@ -166,14 +166,15 @@ def paged_decode(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens:
     bytes) runs the fp8 library, q's dtype runs the stock one; block_table [batch, max_blocks]
     int32; seq_lens [batch] int32, each >= 1. k_descale / v_descale: float32 on q's device,
     None (1.0), one value, [num_kv_heads] or [batch, num_kv_heads]; the cache holds
-    value / descale. ``max_seq_len`` bounds seq_lens (read from the device, one sync, when
-    omitted). num_splits 0 lets the library choose. With several splits over an fp8 cache the
-    decode kernel's last split of each (sequence, KV head) merges them, counting arrivals in
-    ``split_counters`` (int32 on q's device, at least batch * num_kv_heads, zero, left zero;
-    None: this module's own buffer for the stream; calls that may run at once need their own,
-    such as two CUDA graphs captured on one stream and replayed on two); ``combine_kernel=True``
-    runs FA2's combine kernel instead, a second launch. Returns ``out`` [batch, num_heads,
-    head_dim] in q's dtype, on torch's current stream.
+    value / descale. ``max_seq_len`` is the longest of seq_lens (read from the device, one sync,
+    when omitted): the splits are cut from it, and the block table holds its pages (a sequence
+    longer than it is still read whole, more slowly). num_splits 0 lets the library choose. With
+    several splits over an fp8 cache the decode kernel's last split of each (sequence, KV head)
+    merges them, counting arrivals in ``split_counters`` (int32 on q's device, at least batch *
+    num_kv_heads, zero, left zero; None: this module's own buffer for the stream; calls that may
+    run at once need their own, such as two CUDA graphs captured on one stream and replayed on
+    two); ``combine_kernel=True`` runs FA2's combine kernel instead, a second launch. Returns
+    ``out`` [batch, num_heads, head_dim] in q's dtype, on torch's current stream.
     """
     import torch
 
