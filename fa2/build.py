@@ -11,9 +11,13 @@ links DIR/libfa2fp8_smXY.so (DIR/libfa2stock_smXY.so with --stock). DIR also get
 
 Deterministic output: every command runs in one work folder where `tree`, `cutlass` and `ours`
 are links to the three roots, with paths relative to it; no -g or -lineinfo; nvcc's random
-names seeded per unit (-frandom-seed); the link strips the symbol table (the static
-initialisers' names carry a temporary file's process id). Two builds in two folders give the
-same bytes (checked by building twice and comparing sha256).
+names seeded per unit (-frandom-seed); the unit's path as cudafe++ and cicc see it pinned to
+the relative one (-Xcudafe --orig_src_path_name: nvcc hands them the absolute path, which
+goes into the module id in every internal-linkage device symbol's name, such as CuTe's and
+libcu++'s function objects, so a build in another folder gave other cubins); the link strips
+the symbol table (the static initialisers' names carry a temporary file's process id). Two
+builds in two folders give the same bytes (tests/test_fa2_build.py builds a unit twice with
+the real nvcc where there is one).
 
 Standard library only (Python 3.11+, tomllib), so that the build engine can run it as a
 builder with nothing but the interpreter and the locked nvcc.
@@ -99,7 +103,8 @@ def unit_commands(spec: dict, variant: str, arch: str, nvcc: str,
             raise ValueError(f"variant {variant}: unit {entry} listed twice")
         seen.add(src)
         obj = "obj/" + src.replace("/", "__").removesuffix(".cu") + ".o"
-        argv = (nvcc, "-c", *common, f"-frandom-seed={src}", src, "-o", obj)
+        argv = (nvcc, "-c", *common, f"-frandom-seed={src}",
+                "-Xcudafe", f"--orig_src_path_name={src}", src, "-o", obj)
         units.append(Unit(src, obj, argv))
     return units
 

@@ -1,7 +1,8 @@
 """fa2/build.py's commands and runs (with a stand-in nvcc), and fa2fp8's library choice.
 
 No GPU, nvcc or torch: build.py is driven with a small Python program in nvcc's place that
-checks what it is given and writes the files asked of it.
+checks what it is given and writes the files asked of it. One test runs the real nvcc where
+there is one on PATH: two builds of a small unit in two folders give the same library.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import stat
 import sys
 from pathlib import Path
@@ -50,6 +52,8 @@ def test_unit_commands_are_relative_and_per_arch() -> None:
         assert argv.count("-gencode") == 1
         assert "-g" not in argv and "-lineinfo" not in argv and "-G" not in argv
         assert f"-frandom-seed={u.source}" in argv
+        i = argv.index(f"--orig_src_path_name={u.source}")  # the module id: no absolute path
+        assert argv[i - 1] == "-Xcudafe"
         assert argv[-3:] == [u.source, "-o", u.obj]
         for d in ("DROPOUT", "ALIBI", "SOFTCAP", "LOCAL", "UNEVEN_K"):
             assert f"-DFLASHATTENTION_DISABLE_{d}" in argv
@@ -176,6 +180,45 @@ def test_build_runs_units_in_a_work_folder_and_links(tmp_path: Path, monkeypatch
     out2 = tmp_path / "elsewhere" / "out"
     assert _run(tmp_path, out2, "--stock") == 0
     assert (out2 / lib.name).read_bytes() == lib.read_bytes()
+
+
+TINY_SPEC = """
+[compile]
+flags = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC"]
+include = ["ours:csrc"]
+[link]
+flags = ["-shared", "-cudart", "static", "-Xlinker", "--strip-all"]
+[variants.fp8]
+library = "libtiny_sm{arch}.so"
+units = ["ours:csrc/tiny.cu"]
+"""
+
+# An internal-linkage device symbol: its name carries nvcc's module id, which nvcc derives
+# from the unit's path as cudafe++ is given it (absolute, unless build.py pins it).
+TINY_UNIT = """
+namespace { __device__ int hidden_count; }
+__global__ void tiny(int *x) { x[threadIdx.x] = hidden_count + 1; }
+"""
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on PATH")
+def test_real_nvcc_gives_the_same_library_in_two_folders(tmp_path: Path) -> None:
+    nvcc = shutil.which("nvcc")
+    assert nvcc is not None
+    libs = []
+    for where in ("a", "b/deeper/still"):
+        ours = tmp_path / where / "ours"
+        (ours / "csrc").mkdir(parents=True)
+        (ours / "csrc" / "tiny.cu").write_text(TINY_UNIT)
+        (ours / "build.toml").write_text(TINY_SPEC)
+        (tmp_path / where / "empty").mkdir()
+        out = tmp_path / where / "out"
+        assert B.main(["--tree", str(tmp_path / where / "empty"), "--cutlass",
+                       str(tmp_path / where / "empty"), "--ours", str(ours), "--nvcc", nvcc,
+                       "--arch", "9.0", "--out", str(out), "-j", "1"]) == 0
+        libs.append((out / "libtiny_sm90.so").read_bytes())
+    assert libs[0][:4] == b"\x7fELF"
+    assert libs[0] == libs[1], "the library's bytes depend on the folder it was built in"
 
 
 def test_build_fails_when_a_unit_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
