@@ -54,7 +54,7 @@ def test_series_cuts_refuses_bad_input(tmp_path: Path, argv: list[str], message:
 @pytest.mark.parametrize("grid", ["abc", "1x2x3", "1x0", "4x-8"])
 def test_fa2_benches_refuse_a_bad_grid(grid: str) -> None:
     pytest.importorskip("torch")
-    for bench in ("fa2_fp8.py", "fa2_splits.py"):
+    for bench in ("fa2_fp8.py", "fa2_splits.py", "fa2_kernels.py"):
         res = _run([sys.executable, str(REPO / "bench" / bench), "--grid", grid], REPO)
         assert res.returncode == 2, res.stdout + res.stderr
         assert "--grid" in res.stderr and "Traceback" not in res.stderr
