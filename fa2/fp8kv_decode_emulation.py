@@ -199,7 +199,7 @@ for d in (128, 64):
         print(d, nrows, seqlen_k, ns, sp, page, f"rel err {err:.2e} lse err {lerr:.2e}")
     # Every split of a sequence, cut from a longer launch (or, at 300 < 327, its own length),
     # merged by the last split, against attention over the whole sequence.
-    for (nrows, seqlen_k, max_k, ns) in [(4, 64 * 5 + 7, 64 * 9, 4), (4, 64 * 5 + 7, 300, 3), (16, 200, 200, 3)]:
+    for (nrows, seqlen_k, max_k, ns) in [(4, 64 * 5 + 7, 64 * 9, 6), (4, 64 * 5 + 7, 300, 3), (16, 200, 200, 3), (5, 64 * 7, 64 * 7, 7)]:
         page = 16; npages = (max(seqlen_k, max_k) + page - 1) // page + 3
         table = rng.permutation(npages)
         Q = rng.standard_normal((16, d)).astype(np.float32)

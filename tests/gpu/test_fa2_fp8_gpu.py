@@ -268,6 +268,25 @@ def test_fp8_merge_in_kernel_graph_replay() -> None:
         assert torch.equal(out, eager), "a graph replay differs from the eager call"
 
 
+def test_fp8_merge_in_kernel_on_two_streams_at_once() -> None:
+    """Two streams decoding at once get their own counters (the module keeps one buffer per
+    stream): each stream's outputs are the eager call's bits, launch after launch."""
+    cases = [Case(_lens(4, 4000, 16, 10 + i), 128, "bf16", "head", seed=80 + i) for i in range(2)]
+    want = [fa2fp8.paged_decode(c.q, c.k8, c.v8, c.block_table, c.seq_lens, k_descale=c.ks,
+                                v_descale=c.vs, num_splits=8).clone() for c in cases]
+    streams = [torch.cuda.Stream() for _ in cases]
+    outs = [torch.full_like(c.q, float("nan")) for c in cases]
+    torch.cuda.synchronize()
+    for _ in range(20):
+        for c, st, out in zip(cases, streams, outs, strict=True):
+            with torch.cuda.stream(st):
+                fa2fp8.paged_decode(c.q, c.k8, c.v8, c.block_table, c.seq_lens, k_descale=c.ks,
+                                    v_descale=c.vs, out=out, max_seq_len=max(c.lens), num_splits=8)
+    torch.cuda.synchronize()
+    for got, w in zip(outs, want, strict=True):
+        assert torch.equal(got, w), "a stream's output differs from the eager call's"
+
+
 def test_fp8_max_seq_len_below_a_length() -> None:
     """Splits are cut from max_seq_len; a sequence longer than it (a caller's mistake) is cut
     from its own length instead, not truncated."""
