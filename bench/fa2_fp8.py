@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import signal
 import statistics
 import sys
 from collections.abc import Callable
@@ -132,7 +133,10 @@ def pthfa_ready() -> str:
 
 
 def parse_args(default_grid: str) -> tuple[argparse.Namespace, list[tuple[int, int]]]:
-    """--out, --grid (batch x context, comma-separated) and --reps, and the grid parsed."""
+    """--out, --grid (batch x context, comma-separated) and --reps, and the grid parsed; one
+    line and exit 2 for a bad value, no CUDA GPU or a missing library (before any work), and
+    a quiet end when the output's reader goes away (`| head`)."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path)
     ap.add_argument("--grid", default=default_grid, help=f"default {default_grid}")
@@ -144,6 +148,13 @@ def parse_args(default_grid: str) -> tuple[argparse.Namespace, list[tuple[int, i
         ap.error(f"--grid {args.grid!r}: give BATCHxCONTEXT cells separated by commas")
     if any(b <= 0 or c <= 0 for b, c in grid) or args.reps <= 0:
         ap.error("--grid sizes and --reps must be positive")
+    if not torch.cuda.is_available():
+        ap.error("no CUDA GPU visible to torch: the FA2 benches time kernels on one")
+    for kind in ("fp8", "stock"):
+        try:
+            fa2fp8.find_library(kind, *torch.cuda.get_device_capability())
+        except FileNotFoundError as e:
+            ap.error(f"{e} (FA2FP8_LIB_DIR names the folder)")
     return args, grid
 
 

@@ -13,18 +13,11 @@ Usage: FA2FP8_LIB_DIR=DIR python3 bench/fa2_kernels.py [--grid 1x1024,1x8192] [-
 from __future__ import annotations
 
 import collections
-import importlib.util
 import sys
-from pathlib import Path
 
+import fa2_fp8 as fb  # (bench/, this script's folder, is on sys.path)
 import torch
 from torch.profiler import ProfilerActivity, profile
-
-HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("fa2_fp8_bench", HERE / "fa2_fp8.py")
-assert _spec is not None and _spec.loader is not None
-fb = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fb)
 
 
 def short(name: str) -> str:

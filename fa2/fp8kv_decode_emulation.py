@@ -5,7 +5,11 @@
 # the last split's merge of all of them), against a float64 reference attention. Written by
 # us. Run: python3 THIS [SEED]; prints the worst relative error (float64 rounding, ~1e-15,
 # when the index logic is right).
-import numpy as np, math, sys
+import numpy as np, math, signal, sys
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # a quiet end under `| head`
+if len(sys.argv) > 2 or (len(sys.argv) == 2 and not sys.argv[1].isdigit()):
+    print(f"usage: {sys.argv[0]} [SEED] (a non-negative integer; got {' '.join(sys.argv[1:])!r})", file=sys.stderr)
+    sys.exit(2)
 rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 
 def e4m3_decode(b):

@@ -28,3 +28,11 @@ def test_emulated_kernel_matches_float64_attention(seed: int) -> None:
     assert sum("splits merged" in line for line in lines) == 8, run.stdout  # 4 cases x 2 head dims
     worst = float(lines[-1].split()[-1])
     assert worst < 1e-12, run.stdout
+
+
+@pytest.mark.parametrize("argv", [["abc"], ["-1"], ["1", "2"]])
+def test_emulation_refuses_a_bad_seed(argv: list[str]) -> None:
+    run = subprocess.run([sys.executable, str(ROOT / "fa2" / "fp8kv_decode_emulation.py"), *argv],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.startswith("usage:") and "Traceback" not in run.stderr

@@ -58,3 +58,13 @@ def test_fa2_benches_refuse_a_bad_grid(grid: str) -> None:
         res = _run([sys.executable, str(REPO / "bench" / bench), "--grid", grid], REPO)
         assert res.returncode == 2, res.stdout + res.stderr
         assert "--grid" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_fa2_benches_need_a_gpu_and_say_so() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: the benches would run")
+    for bench in ("fa2_fp8.py", "fa2_splits.py", "fa2_kernels.py"):
+        res = _run([sys.executable, str(REPO / "bench" / bench), "--grid", "1x1024"], REPO)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert "no CUDA GPU" in res.stderr and "Traceback" not in res.stderr
